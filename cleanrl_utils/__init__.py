@@ -1,0 +1,1 @@
+"""Shared parts of value-atari: environments, replay buffer, encoder, evaluation, run record."""

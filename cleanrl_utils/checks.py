@@ -1,0 +1,91 @@
+"""Argument validation and device choice: clear, early errors before anything large exists."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NoReturn
+
+import psutil
+import torch
+
+
+def fail(message: str) -> NoReturn:
+    """Stop with a one-line message and exit status 2, without a traceback."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def validate_common_args(args: Any) -> None:
+    """Check the flags every script shares; each message names the flag, the value and the fix."""
+    for name in (
+        "total_timesteps",
+        "buffer_size",
+        "batch_size",
+        "train_frequency",
+        "target_network_frequency",
+        "num_envs",
+        "eval_episodes",
+    ):
+        value = getattr(args, name)
+        if value <= 0:
+            fail(f"--{name.replace('_', '-')} {value} must be a positive integer")
+    if args.learning_starts < 0:
+        fail(f"--learning-starts {args.learning_starts} must be >= 0")
+    if args.eval_every < 0:
+        fail(f"--eval-every {args.eval_every} must be >= 0 (0 turns periodic evaluation off)")
+    if args.buffer_size < args.batch_size:
+        fail(f"--buffer-size {args.buffer_size} is smaller than --batch-size {args.batch_size}; raise --buffer-size")
+    if args.learning_starts < args.batch_size:
+        fail(
+            f"--learning-starts {args.learning_starts} is smaller than --batch-size {args.batch_size}; "
+            "learning needs at least one batch of stored transitions: raise --learning-starts"
+        )
+    if not 0.0 < args.gamma <= 1.0:
+        fail(f"--gamma {args.gamma} must be in (0, 1]")
+    if not 0.0 < args.tau <= 1.0:
+        fail(f"--tau {args.tau} must be in (0, 1] (1 copies the online network into the target)")
+    if not args.learning_rate > 0.0:
+        fail(f"--learning-rate {args.learning_rate} must be > 0")
+    for name in ("start_e", "end_e", "eval_epsilon"):
+        value = getattr(args, name)
+        if not 0.0 <= value <= 1.0:
+            fail(f"--{name.replace('_', '-')} {value} must be in [0, 1]")
+    if args.start_e < args.end_e:
+        fail(f"--start-e {args.start_e} is below --end-e {args.end_e}; epsilon decays from start to end")
+    if not 0.0 < args.exploration_fraction <= 1.0:
+        fail(f"--exploration-fraction {args.exploration_fraction} must be in (0, 1]")
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto``: CUDA, then Apple MPS, then CPU. An explicit device that is absent is an error."""
+    cuda = torch.cuda.is_available()
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if name == "auto":
+        return torch.device("cuda" if cuda else "mps" if mps else "cpu")
+    if name == "cuda" and not cuda:
+        fail("--device cuda: no CUDA device is available here; use --device auto or --device cpu")
+    if name == "mps" and not mps:
+        fail("--device mps: Apple MPS is not available here; use --device auto or --device cpu")
+    if name not in ("cuda", "mps", "cpu"):
+        fail(f"--device {name} is not one of auto, cuda, mps, cpu")
+    return torch.device(name)
+
+
+def check_memory(buffer_size: int, bytes_per_transition: int) -> None:
+    """Refuse a replay buffer that cannot fit in this machine's memory, with the figure it needs."""
+    need = buffer_size * bytes_per_transition
+    total = psutil.virtual_memory().total
+    available = psutil.virtual_memory().available
+    if need > total:
+        fail(
+            f"--buffer-size {buffer_size:,} needs {need / 2**30:.1f} GiB of replay memory "
+            f"({bytes_per_transition:,} bytes per transition) but this machine has "
+            f"{total / 2**30:.1f} GiB in all; lower --buffer-size to at most "
+            f"{int(available * 0.8) // bytes_per_transition:,}"
+        )
+    if need > available:
+        print(
+            f"warning: --buffer-size {buffer_size:,} needs {need / 2**30:.1f} GiB, more than the "
+            f"{available / 2**30:.1f} GiB available now; the run may swap or be killed when it fills",
+            file=sys.stderr,
+        )

@@ -1,0 +1,220 @@
+"""Training and evaluation environments under the Nature DQN protocol.
+
+ALE games (``*NoFrameskip-v4``) run in ale-py's native vector environment (C++ threads, with
+no-op starts, fire on reset, frame skip 4 with max-pool, 84x84 grayscale, stack of 4 and the
+108,000-frame cap built in). We ask it for raw rewards and whole games, and derive the learning
+signal here: the reward's sign, and a terminal at every life loss (``info["lives"]`` drops) as
+well as at game over. Keeping the two apart lets the logged return be the whole game in raw
+score while the learner sees the protocol's episodes. Any other Gymnasium id whose observation
+is a uint8 stack of 4x84x84 frames runs through Gymnasium's vector API (``module:Id`` ids
+import their module first, so tests and users can bring their own tasks).
+
+Both use next-step autoreset: the step after an episode ends returns the reset observation and
+ignores its action, so it is not a transition; ``StepResult.mask`` is False there.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+import ale_py
+import gymnasium as gym
+import numpy as np
+from ale_py.vector_env import AtariVectorEnv
+from gymnasium.vector import AutoresetMode
+
+gym.register_envs(ale_py)
+
+OBSERVATION_SHAPE = (4, 84, 84)
+MAX_FRAMES_PER_EPISODE = 108_000
+
+
+class EnvIdError(ValueError):
+    pass
+
+
+def atari_ids() -> list[str]:
+    return sorted(k for k in gym.registry if k.endswith("NoFrameskip-v4"))
+
+
+def ale_game(env_id: str) -> str | None:
+    """The ROM name for a ``*NoFrameskip-v4`` id, None for any other id."""
+    if not env_id.endswith("NoFrameskip-v4") or env_id not in gym.registry:
+        return None
+    return gym.registry[env_id].kwargs["game"]
+
+
+def check_env_id(env_id: str) -> None:
+    """Fail early, with close matches, on an id that cannot give 4x84x84 uint8 stacks."""
+    if ale_game(env_id) is not None:
+        return
+    if ":" in env_id:
+        module = env_id.split(":")[0]
+        try:
+            __import__(module)
+        except ImportError as error:
+            raise EnvIdError(f"--env-id {env_id}: cannot import module {module!r} ({error})") from None
+    name = env_id.split(":")[-1]
+    if name in gym.registry and not name.startswith("ALE/") and not name.endswith("-v4"):
+        return
+    if name.startswith("ALE/") or (name in gym.registry and "ale_py" in str(gym.registry[name].entry_point)):
+        game = name.removeprefix("ALE/").split("-")[0]
+        raise EnvIdError(
+            f"--env-id {env_id} is an ALE id without the training protocol (it gives RGB frames, "
+            f"sticky actions or frame skipping of its own); use --env-id {game}NoFrameskip-v4"
+        )
+    others = [k for k, spec in gym.registry.items() if "ale_py" not in str(spec.entry_point)]
+    choices = list(dict.fromkeys(atari_ids() + others))
+    close = difflib.get_close_matches(name, choices, n=5, cutoff=0.5)
+    if not close:
+        lowered = {c.lower(): c for c in choices}
+        close = [lowered[c] for c in difflib.get_close_matches(name.lower(), list(lowered), n=5)]
+    hint = f"; did you mean {', '.join(close)}?" if close else "; Atari games look like BreakoutNoFrameskip-v4"
+    raise EnvIdError(f"--env-id {env_id} is not a known environment{hint}")
+
+
+@dataclass
+class StepResult:
+    next_obs: np.ndarray  # uint8 (num_envs, 4, 84, 84)
+    rewards: np.ndarray  # float32, clipped to the reward's sign: what the learner sees
+    raw_rewards: np.ndarray  # float64, the game score
+    dones: np.ndarray  # learning terminal: game over or life lost (never a time limit)
+    truncations: np.ndarray  # the episode hit its time limit
+    ends: np.ndarray  # the episode (whole game) ended: game over or time limit
+    mask: np.ndarray  # this step was a transition (False on an autoreset step)
+    episode_returns: list[tuple[int, float, int]]  # (env index, raw return, length) of ended games
+
+
+class TrainEnvs:
+    """A vector of environments that reports the protocol's learning signal and whole games."""
+
+    def __init__(self, env_id: str, num_envs: int, seed: int, life_loss: bool = True) -> None:
+        self.env_id = env_id
+        self.num_envs = num_envs
+        self.envs = make_vector_env(env_id, num_envs)
+        self.single_action_space = self.envs.single_action_space
+        self.n_actions = int(self.single_action_space.n)
+        self.life_loss = life_loss
+        self.seed = seed
+        self.lives = np.zeros(num_envs, dtype=np.int64)
+        self.pending_reset = np.zeros(num_envs, dtype=bool)
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+
+    def reset(self) -> np.ndarray:
+        obs, info = self.envs.reset(seed=self.seed)
+        self.lives[:] = _lives(info, self.num_envs)
+        self.pending_reset[:] = False
+        self.returns[:] = 0.0
+        self.lengths[:] = 0
+        return obs
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        next_obs, raw, terminated, truncated, info = self.envs.step(actions)
+        lives = _lives(info, self.num_envs)
+        raw = np.asarray(raw, dtype=np.float64)
+        terminated = np.asarray(terminated, dtype=bool)
+        truncated = np.asarray(truncated, dtype=bool)
+        mask = ~self.pending_reset
+        life_lost = (lives < self.lives) if self.life_loss else np.zeros(self.num_envs, dtype=bool)
+        dones = (terminated | life_lost) & mask
+        ends = (terminated | truncated) & mask
+        self.returns[mask] += raw[mask]
+        self.lengths[mask] += 1
+        finished = [
+            (int(i), float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(ends)
+        ]
+        self.returns[ends] = 0.0
+        self.lengths[ends] = 0
+        self.lives = lives
+        self.pending_reset = ends
+        return StepResult(
+            next_obs=next_obs,
+            rewards=np.sign(raw).astype(np.float32),
+            raw_rewards=raw,
+            dones=dones,
+            truncations=truncated & mask,
+            ends=ends,
+            mask=mask,
+            episode_returns=finished,
+        )
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def _lives(info: dict, num_envs: int) -> np.ndarray:
+    lives = info.get("lives")
+    if lives is None:
+        return np.zeros(num_envs, dtype=np.int64)
+    return np.asarray(lives, dtype=np.int64)
+
+
+def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
+    """Whole games with raw rewards; the caller derives life loss and clipping."""
+    game = ale_game(env_id)
+    if game is not None:
+        return AtariVectorEnv(
+            game,
+            num_envs,
+            max_num_frames_per_episode=MAX_FRAMES_PER_EPISODE,
+            repeat_action_probability=0.0,
+            frameskip=4,
+            maxpool=True,
+            stack_num=4,
+            img_height=84,
+            img_width=84,
+            grayscale=True,
+            noop_max=30,
+            use_fire_reset=True,
+            episodic_life=False,
+            life_loss_info=False,
+            reward_clipping=False,
+            autoreset_mode=AutoresetMode.NEXT_STEP,
+        )
+    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
+    space = envs.single_observation_space
+    if space.shape != OBSERVATION_SHAPE or space.dtype != np.uint8:
+        raise EnvIdError(
+            f"--env-id {env_id} gives observations {space.shape} {space.dtype}; the algorithms need "
+            f"uint8 {OBSERVATION_SHAPE} frame stacks (Atari games: use a *NoFrameskip-v4 id)"
+        )
+    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+        raise EnvIdError(f"--env-id {env_id} has a {envs.single_action_space} action space; need Discrete")
+    if envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP) != AutoresetMode.NEXT_STEP:
+        raise EnvIdError(f"--env-id {env_id}: only next-step autoreset is supported")
+    return envs
+
+
+def play_episodes(
+    env_id: str,
+    num_episodes: int,
+    seed: int,
+    select_actions,
+    n_actions: int,
+    epsilon: float,
+    rng: np.random.Generator,
+) -> tuple[list[float], list[int], np.ndarray]:
+    """Play ``num_episodes`` whole games, one per parallel environment (so short games are not
+    over-represented), with raw rewards and epsilon-greedy actions from ``select_actions``.
+    Returns the per-game returns, lengths (agent steps) and the action histogram."""
+    envs = make_vector_env(env_id, num_episodes)
+    try:
+        obs, _ = envs.reset(seed=seed)
+        returns = np.zeros(num_episodes)
+        lengths = np.zeros(num_episodes, dtype=np.int64)
+        running = np.ones(num_episodes, dtype=bool)
+        histogram = np.zeros(n_actions, dtype=np.int64)
+        while running.any():
+            actions = np.asarray(select_actions(obs), dtype=np.int64)
+            explore = rng.random(num_episodes) < epsilon
+            actions[explore] = rng.integers(0, n_actions, int(explore.sum()))
+            histogram += np.bincount(actions[running], minlength=n_actions)
+            obs, reward, terminated, truncated, _ = envs.step(actions)
+            returns[running] += reward[running]
+            lengths[running] += 1
+            running &= ~(np.asarray(terminated) | np.asarray(truncated))
+        return returns.tolist(), lengths.tolist(), histogram
+    finally:
+        envs.close()

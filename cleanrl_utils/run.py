@@ -1,0 +1,252 @@
+"""The run record: run folder, TensorBoard, standard output lines, progress, receipt, timings."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import torch
+from torch.utils.tensorboard import SummaryWriter
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write to a temporary file, fsync, rename: a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def git_revision() -> dict[str, Any]:
+    def git(*cmd: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", *cmd], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    revision = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"revision": revision, "dirty": None if status is None else bool(status)}
+
+
+def versions() -> dict[str, str]:
+    import ale_py
+    import gymnasium
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gymnasium": gymnasium.__version__,
+        "ale_py": ale_py.__version__,
+        "numpy": np.__version__,
+    }
+
+
+def hardware(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "memory_bytes": psutil.virtual_memory().total,
+        "torch_threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def peak_memory_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+class Run:
+    """Everything a run writes. The algorithm scripts call it; it never decides anything."""
+
+    def __init__(self, args: Any, algo: str, device: torch.device) -> None:
+        self.start = time.time()
+        self.args = args
+        self.algo = algo
+        self.device = device
+        self.name = f"{args.env_id.replace('/', '_').replace(':', '_')}__{args.exp_name}__{args.seed}__{int(self.start)}"
+        self.dir = Path(args.run_dir) / self.name
+        self.dir.mkdir(parents=True, exist_ok=False)
+        self.timings: dict[str, float] = defaultdict(float)
+        self.counts = {
+            "env_steps": 0,
+            "transitions_stored": 0,
+            "gradient_updates": 0,
+            "train_episodes": 0,
+            "eval_episodes": 0,
+            "evaluations": 0,
+        }
+        self.evaluations: list[dict[str, Any]] = []
+        self.last_return: float | None = None
+        self.status = "running"
+        if args.track:
+            self._start_wandb()
+        self.writer = SummaryWriter(str(self.dir))
+        self.writer.add_text(
+            "hyperparameters",
+            "|param|value|\n|-|-|\n"
+            + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()),
+        )
+        self.progress = None
+        self.interactive = sys.stderr.isatty() and not os.environ.get("CI")
+        self.last_progress_print = time.time()
+        self.write_receipt()
+
+    def _start_wandb(self) -> None:
+        try:
+            import wandb
+        except ImportError:
+            from cleanrl_utils.checks import fail
+
+            fail("--track needs Weights & Biases: pip install 'value-atari[track]' (or pip install wandb)")
+        wandb.init(
+            project=self.args.wandb_project_name,
+            entity=self.args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(self.args),
+            name=self.name,
+            save_code=True,
+            dir=str(self.dir),
+        )
+
+    @contextmanager
+    def timed(self, phase: str):
+        """Accumulate wall time per phase: setup, acting, environment, learning, evaluation."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[phase] += time.perf_counter() - t0
+
+    def episode(self, global_step: int, episodic_return: float, length: int) -> None:
+        self.counts["train_episodes"] += 1
+        self.last_return = episodic_return
+        self.print(f"global_step={global_step}, episodic_return={episodic_return}")
+        self.writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+        self.writer.add_scalar("charts/episodic_length", length, global_step)
+
+    def train_metrics(self, global_step: int, metrics: dict[str, float]) -> None:
+        """Log ``losses/*`` scalars and the TRAIN_METRICS line (called every 1000 steps)."""
+        for key, value in metrics.items():
+            self.writer.add_scalar(f"losses/{key}", value, global_step)
+        fields = " ".join(f"{k}={v:.6g}" for k, v in metrics.items())
+        self.print(f"TRAIN_METRICS step={global_step} {fields}")
+
+    def scalar(self, tag: str, value: float, global_step: int) -> None:
+        self.writer.add_scalar(tag, value, global_step)
+
+    def evaluation(self, global_step: int, result: dict[str, Any], final: bool = False) -> None:
+        self.counts["evaluations"] += 1
+        self.counts["eval_episodes"] += len(result["episodic_returns"])
+        entry = {"step": global_step, "final": final, **result}
+        self.evaluations.append(entry)
+        write_json_atomic(self.dir / "evaluations.json", self.evaluations)
+        self.writer.add_scalar("eval/episodic_return", result["mean"], global_step)
+        if result["human_normalized_score"] is not None:
+            self.writer.add_scalar("eval/human_normalized_score", result["human_normalized_score"], global_step)
+        self.print(f"Eval episodic_return: {result['mean']}")
+        self.print(f"  eval std={result['std']:.3f} actions={result['action_histogram']}")
+        if final:
+            self.print(f"Final eval return: {result['mean']}")
+        self.writer.flush()
+
+    def print(self, line: str) -> None:
+        if self.progress is not None:
+            self.progress.write(line)
+        else:
+            print(line, flush=True)
+
+    def show_progress(self, global_step: int, total: int, sps: float) -> None:
+        """A progress bar on a terminal; a plain line every 30 s otherwise."""
+        if self.interactive:
+            if self.progress is None:
+                from tqdm import tqdm
+
+                self.progress = tqdm(total=total, unit="step", dynamic_ncols=True, file=sys.stderr)
+            self.progress.update(global_step - self.progress.n)
+            self.progress.set_postfix(sps=int(sps), last_return=self.last_return, refresh=False)
+        elif time.time() - self.last_progress_print >= 30:
+            self.last_progress_print = time.time()
+            eta = (total - global_step) / max(sps, 1e-9)
+            print(
+                f"progress step={global_step}/{total} ({100 * global_step / total:.1f}%) sps={int(sps)} "
+                f"last_return={self.last_return} eta={eta / 60:.1f}min",
+                flush=True,
+            )
+
+    def save_model(self, q_network: torch.nn.Module, n_actions: int, script: str) -> Path:
+        path = self.dir / f"{self.args.exp_name}.cleanrl_model"
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(
+            {
+                "state_dict": q_network.state_dict(),
+                "algo_script": str(Path(script).resolve()),
+                "env_id": self.args.env_id,
+                "n_actions": n_actions,
+            },
+            tmp,
+        )
+        os.replace(tmp, path)
+        self.print(f"model saved to {path}")
+        return path
+
+    def write_receipt(self) -> None:
+        receipt = {
+            "status": self.status,
+            "algo": self.algo,
+            "command": [sys.executable, *sys.argv],
+            "args": {k: v for k, v in dataclasses.asdict(self.args).items()},
+            "seed": self.args.seed,
+            "run_dir": str(self.dir),
+            "git": git_revision(),
+            "versions": versions(),
+            "device": str(self.device),
+            "dtype": str(torch.get_default_dtype()).removeprefix("torch."),
+            "hardware": hardware(self.device),
+            "counts": dict(self.counts),
+            "timings_seconds": {k: round(v, 3) for k, v in self.timings.items()},
+            "wall_seconds": round(time.time() - self.start, 3),
+            "peak_process_memory_bytes": peak_memory_bytes(),
+            "final_eval_return": next(
+                (e["mean"] for e in reversed(self.evaluations) if e["final"]), None
+            ),
+        }
+        if self.device.type == "cuda":
+            receipt["peak_cuda_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
+        write_json_atomic(self.dir / "receipt.json", receipt)
+
+    def close(self, status: str = "finished") -> None:
+        self.status = status
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
+        self.write_receipt()
+        self.writer.close()
+        if self.args.track:
+            import wandb
+
+            wandb.finish()
