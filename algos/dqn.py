@@ -88,6 +88,14 @@ class QNetwork(nn.Module):
         return self.head(self.encoder(x))
 
 
+def compute_td_target(q_network, target_network, data, gamma: float):
+    """r + gamma * max_a' Q_target(s', a'), no bootstrap after a terminal"""
+    next_observations = data.next_observations
+    with torch.no_grad():
+        target_max, _ = target_network(next_observations).max(dim=1)
+    return data.rewards + gamma * target_max * (1 - data.dones)
+
+
 def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
     slope = (end_e - start_e) / duration
     return max(slope * t + start_e, end_e)
@@ -113,7 +121,7 @@ if __name__ == "__main__":
         envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed)
     except EnvIdError as error:
         fail(str(error))
-    run = Run(args, "dqn", device)
+    run = Run(args, __file__, device)
 
     q_network = QNetwork(envs.n_actions).to(device)
     check_encoder(q_network.encoder)
@@ -128,7 +136,9 @@ if __name__ == "__main__":
     global_step, update_credit, start_time = 0, 0, time.time()
     while global_step < args.total_timesteps:
         previous_step = global_step
-        epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
+        epsilon = linear_schedule(
+            args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+        )
         with run.timed("acting"):
             actions = rng.integers(0, envs.n_actions, args.num_envs)
             greedy = rng.random(args.num_envs) >= epsilon
@@ -154,9 +164,7 @@ if __name__ == "__main__":
                 update_credit -= args.train_frequency
                 with run.timed("learning"):
                     data = rb.sample(args.batch_size)
-                    with torch.no_grad():
-                        target_max, _ = target_network(data.next_observations).max(dim=1)
-                        td_target = data.rewards + args.gamma * target_max * (1 - data.dones)
+                    td_target = compute_td_target(q_network, target_network, data, args.gamma)
                     old_val = q_network(data.observations).gather(1, data.actions.unsqueeze(1)).squeeze(1)
                     loss = F.mse_loss(td_target, old_val)
 
@@ -174,7 +182,7 @@ if __name__ == "__main__":
 
             # update target network
             if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
-                for target_param, q_param in zip(target_network.parameters(), q_network.parameters()):
+                for target_param, q_param in zip(target_network.parameters(), q_network.parameters(), strict=True):
                     target_param.data.copy_(args.tau * q_param.data + (1.0 - args.tau) * target_param.data)
 
         if global_step // 100 > previous_step // 100:
@@ -183,16 +191,36 @@ if __name__ == "__main__":
             run.scalar("charts/epsilon", epsilon, global_step)
             run.show_progress(global_step, args.total_timesteps, sps)
 
-        if args.eval_every and global_step // args.eval_every > previous_step // args.eval_every and global_step < args.total_timesteps:
+        if (
+            args.eval_every
+            and global_step // args.eval_every > previous_step // args.eval_every
+            and global_step < args.total_timesteps
+        ):
             with run.timed("evaluation"):
-                result = evaluate(q_network, args.env_id, envs.n_actions, device, args.eval_episodes, args.eval_epsilon, seed=args.seed + 10_000 + 100 * run.counts["evaluations"])
+                result = evaluate(
+                    q_network,
+                    args.env_id,
+                    envs.n_actions,
+                    device,
+                    args.eval_episodes,
+                    args.eval_epsilon,
+                    seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
+                )
             run.evaluation(global_step, result)
             run.write_receipt()
 
     with run.timed("evaluation"):
-        result = evaluate(q_network, args.env_id, envs.n_actions, device, args.eval_episodes, args.eval_epsilon, seed=args.seed + 10_000 + 100 * run.counts["evaluations"])
+        result = evaluate(
+            q_network,
+            args.env_id,
+            envs.n_actions,
+            device,
+            args.eval_episodes,
+            args.eval_epsilon,
+            seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
+        )
     run.evaluation(global_step, result, final=True)
     if args.save_model:
-        run.save_model(q_network, envs.n_actions, __file__)
+        run.save_model(q_network, envs.n_actions)
     envs.close()
     run.close()

@@ -122,9 +122,7 @@ class TrainEnvs:
         ends = (terminated | truncated) & mask
         self.returns[mask] += raw[mask]
         self.lengths[mask] += 1
-        finished = [
-            (int(i), float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(ends)
-        ]
+        finished = [(int(i), float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(ends)]
         self.returns[ends] = 0.0
         self.lengths[ends] = 0
         self.lives = lives

@@ -70,7 +70,10 @@ def main() -> None:
     parser.add_argument("--env-id", default=None, help="defaults to the game the model was trained on")
     args = parser.parse_args()
     saved = torch.load(args.model_path, map_location="cpu", weights_only=True)
-    module = load_algorithm(saved["algo_script"])
+    script = Path(saved["algo_script"])
+    if not script.exists():  # the repository moved: find the script beside this package
+        script = Path(__file__).resolve().parents[1] / "algos" / f"{saved['algo']}.py"
+    module = load_algorithm(script)
     q_network = module.QNetwork(saved["n_actions"])
     q_network.load_state_dict(saved["state_dict"])
     env_id = args.env_id or saved["env_id"]

@@ -36,9 +36,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
 def git_revision() -> dict[str, Any]:
     def git(*cmd: str) -> str | None:
         try:
-            out = subprocess.run(
-                ["git", *cmd], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
-            )
+            out = subprocess.run(["git", *cmd], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
         except (OSError, subprocess.SubprocessError):
             return None
         return out.stdout.strip() if out.returncode == 0 else None
@@ -83,12 +81,15 @@ def peak_memory_bytes() -> int:
 class Run:
     """Everything a run writes. The algorithm scripts call it; it never decides anything."""
 
-    def __init__(self, args: Any, algo: str, device: torch.device) -> None:
+    def __init__(self, args: Any, script: str, device: torch.device) -> None:
         self.start = time.time()
         self.args = args
-        self.algo = algo
+        self.script = str(Path(script).resolve())
+        self.algo = Path(script).stem
         self.device = device
-        self.name = f"{args.env_id.replace('/', '_').replace(':', '_')}__{args.exp_name}__{args.seed}__{int(self.start)}"
+        self.name = (
+            f"{args.env_id.replace('/', '_').replace(':', '_')}__{args.exp_name}__{args.seed}__{int(self.start)}"
+        )
         self.dir = Path(args.run_dir) / self.name
         self.dir.mkdir(parents=True, exist_ok=False)
         self.timings: dict[str, float] = defaultdict(float)
@@ -108,8 +109,7 @@ class Run:
         self.writer = SummaryWriter(str(self.dir))
         self.writer.add_text(
             "hyperparameters",
-            "|param|value|\n|-|-|\n"
-            + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()),
+            "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()),
         )
         self.progress = None
         self.interactive = sys.stderr.isatty() and not os.environ.get("CI")
@@ -198,13 +198,14 @@ class Run:
                 flush=True,
             )
 
-    def save_model(self, q_network: torch.nn.Module, n_actions: int, script: str) -> Path:
+    def save_model(self, q_network: torch.nn.Module, n_actions: int) -> Path:
         path = self.dir / f"{self.args.exp_name}.cleanrl_model"
         tmp = path.with_name(path.name + ".tmp")
         torch.save(
             {
                 "state_dict": q_network.state_dict(),
-                "algo_script": str(Path(script).resolve()),
+                "algo": self.algo,
+                "algo_script": self.script,
                 "env_id": self.args.env_id,
                 "n_actions": n_actions,
             },
@@ -231,9 +232,7 @@ class Run:
             "timings_seconds": {k: round(v, 3) for k, v in self.timings.items()},
             "wall_seconds": round(time.time() - self.start, 3),
             "peak_process_memory_bytes": peak_memory_bytes(),
-            "final_eval_return": next(
-                (e["mean"] for e in reversed(self.evaluations) if e["final"]), None
-            ),
+            "final_eval_return": next((e["mean"] for e in reversed(self.evaluations) if e["final"]), None),
         }
         if self.device.type == "cuda":
             receipt["peak_cuda_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
