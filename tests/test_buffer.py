@@ -1,0 +1,210 @@
+"""Replay exactness: every sampled transition is one the environments really produced."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
+from cleanrl_utils.envs import TrainEnvs
+
+STACK, FRAME = 4, (5, 7)
+
+
+class RandomStreams:
+    """Several environments emitting random frames with random terminations, truncations and
+    life losses, under next-step autoreset, with the ground truth of every transition."""
+
+    def __init__(self, num_envs: int, seed: int, p_term=0.04, p_trunc=0.03, p_life=0.05):
+        self.rng = np.random.default_rng(seed)
+        self.num_envs = num_envs
+        self.p = (p_term, p_trunc, p_life)
+        self.obs = np.stack([self._reset_stack() for _ in range(num_envs)])
+        self.pending = np.zeros(num_envs, dtype=bool)
+        self.history: list[list[dict]] = [[] for _ in range(num_envs)]  # per env, in order
+
+    def _reset_stack(self) -> np.ndarray:
+        return self.rng.integers(0, 256, (STACK, *FRAME), dtype=np.uint8)
+
+    def step(self, actions: np.ndarray):
+        next_obs = np.empty_like(self.obs)
+        rewards = self.rng.normal(size=self.num_envs).astype(np.float32)
+        dones = np.zeros(self.num_envs, dtype=bool)
+        ends = np.zeros(self.num_envs, dtype=bool)
+        mask = ~self.pending
+        for e in range(self.num_envs):
+            if self.pending[e]:  # autoreset step: reset observation, not a transition
+                next_obs[e] = self._reset_stack()
+                continue
+            frame = self.rng.integers(0, 256, FRAME, dtype=np.uint8)
+            next_obs[e] = np.concatenate([self.obs[e, 1:], frame[None]])
+            u = self.rng.random()
+            terminated = u < self.p[0]
+            truncated = self.p[0] <= u < self.p[0] + self.p[1]
+            life_lost = self.rng.random() < self.p[2]
+            dones[e] = terminated or life_lost
+            ends[e] = terminated or truncated
+            self.history[e].append(
+                {
+                    "obs": self.obs[e].copy(),
+                    "action": int(actions[e]),
+                    "reward": float(rewards[e]),
+                    "next_obs": next_obs[e].copy(),
+                    "done": bool(dones[e]),
+                    "end": bool(ends[e]),
+                }
+            )
+        self.pending = ends.copy()
+        return next_obs, rewards, dones, ends, mask
+
+
+def key(obs, action, reward, next_obs, done, end=None) -> tuple:
+    return (obs.tobytes(), int(action), round(float(reward), 5), next_obs.tobytes(), bool(done))
+
+
+def fill(buffer: ReplayBuffer, streams: RandomStreams, steps: int, actions_rng) -> None:
+    for _ in range(steps):
+        actions = actions_rng.integers(0, 6, streams.num_envs)
+        obs = streams.obs
+        next_obs, rewards, dones, ends, mask = streams.step(actions)
+        buffer.add(obs, next_obs, actions, rewards, dones, ends, mask)
+        streams.obs = next_obs
+
+
+def sampled_keys(buffer: ReplayBuffer, draws: int, batch: int = 64) -> list[tuple]:
+    keys = []
+    for _ in range(draws):
+        b = buffer.sample(batch)
+        for i in range(batch):
+            keys.append(
+                key(
+                    b.observations[i].numpy(),
+                    b.actions[i].item(),
+                    b.rewards[i].item(),
+                    b.next_observations[i].numpy(),
+                    b.dones[i].item() == 1.0,
+                )
+            )
+    return keys
+
+
+@pytest.mark.parametrize("num_envs,buffer_size", [(1, 10_000), (3, 10_000), (4, 240), (5, 103)])
+def test_random_streams_are_sampled_byte_exact(num_envs, buffer_size):
+    streams = RandomStreams(num_envs, seed=num_envs)
+    buffer = ReplayBuffer(buffer_size, num_envs, (STACK, *FRAME), seed=0)
+    rng = np.random.default_rng(1)
+    truth: set[tuple] = set()
+    for _ in range(6):
+        fill(buffer, streams, 150, rng)
+        truth = {key(**t) for h in streams.history for t in h}
+        for k in sampled_keys(buffer, 20):
+            # byte-equal obs and next obs, same action, reward and learning terminal
+            assert k in truth
+    if buffer_size >= 10_000:  # nothing evicted: every stored transition must be reachable
+        seen = set(sampled_keys(buffer, 400))
+        assert seen == truth
+        assert len(buffer) == len(truth)
+    else:  # the newest transitions of every env are still there after wrap-around
+        seen = set(sampled_keys(buffer, 300))
+        recent = {key(**t) for h in streams.history for t in h[-8:]}
+        assert recent <= seen
+
+
+def test_dones_are_learning_terminals_never_truncations():
+    streams = RandomStreams(2, seed=7, p_term=0.0, p_trunc=0.1, p_life=0.0)
+    buffer = ReplayBuffer(10_000, 2, (STACK, *FRAME), seed=0)
+    fill(buffer, streams, 300, np.random.default_rng(0))
+    batch = buffer.sample(2000)
+    assert batch.dones.sum().item() == 0  # truncations only: nothing is terminal
+    assert (batch.discounts == 0.99).all()  # and every transition bootstraps
+    truncated = {key(**t) for h in streams.history for t in h if t["end"]}
+    assert truncated  # truncated transitions bootstrap from their real final observation
+    assert truncated <= set(sampled_keys(buffer, 200))
+
+
+def naive_n_step(history: list[dict], n: int, gamma: float) -> dict[bytes, tuple]:
+    """Loops in float64: n-step return, bootstrap observation, terminal and discount."""
+    expected = {}
+    for i, t in enumerate(history):
+        ret, discount, last = 0.0, 1.0, None
+        for k in range(n):
+            if i + k >= len(history):
+                last = None  # incomplete: the buffer must not sample it yet
+                break
+            step = history[i + k]
+            ret += discount * step["reward"]
+            discount *= gamma
+            last = step
+            if step["done"] or step["end"]:
+                break
+        if last is None:
+            continue
+        expected[t["obs"].tobytes() + bytes([t["action"]])] = (
+            ret,
+            last["next_obs"].tobytes(),
+            last["done"],
+            0.0 if last["done"] else discount,
+        )
+    return expected
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_n_step_returns_match_a_naive_computation(n_step):
+    gamma = 0.9
+    streams = RandomStreams(3, seed=11, p_term=0.08, p_trunc=0.05, p_life=0.1)
+    buffer = ReplayBuffer(10_000, 3, (STACK, *FRAME), n_step=n_step, gamma=gamma, seed=0)
+    fill(buffer, streams, 200, np.random.default_rng(2))
+    expected = {}
+    for h in streams.history:
+        expected.update(naive_n_step(h, n_step, gamma))
+    seen = set()
+    for _ in range(60):
+        b = buffer.sample(64)
+        for i in range(64):
+            k = b.observations[i].numpy().tobytes() + bytes([b.actions[i].item()])
+            assert k in expected
+            ret, next_obs, done, discount = expected[k]
+            assert b.rewards[i].item() == pytest.approx(ret, abs=1e-5)
+            assert b.next_observations[i].numpy().tobytes() == next_obs
+            assert bool(b.dones[i].item()) == done
+            assert b.discounts[i].item() == pytest.approx(discount, abs=1e-6)
+            seen.add(k)
+    assert seen == set(expected)  # complete transitions are all reachable, incomplete ones never
+
+
+def test_observations_that_are_not_frame_stacks_are_refused():
+    buffer = ReplayBuffer(100, 1, (STACK, *FRAME))
+    obs = np.zeros((1, STACK, *FRAME), dtype=np.uint8)
+    with pytest.raises(ValueError, match="frame stacks"):
+        buffer.add(obs, obs + 1, np.zeros(1), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool))
+
+
+def test_bytes_per_transition_for_atari_frames():
+    buffer = ReplayBuffer(2_000, 2)
+    arrays = [buffer.frames, buffer.actions, buffer.rewards, buffer.dones, buffer.ends, buffer.valid]
+    per_slot = sum(a.nbytes for a in arrays) / (buffer.capacity * buffer.num_envs)
+    assert per_slot == bytes_per_transition() <= 7_100
+
+
+def test_real_ale_stream_is_sampled_byte_exact():
+    """Through ale-py's vector environment: life losses, game overs and autoreset steps."""
+    envs = TrainEnvs("BreakoutNoFrameskip-v4", 3, seed=5)
+    buffer = ReplayBuffer(1_800, 3, seed=0)  # wraps around during the stream
+    rng = np.random.default_rng(0)
+    truth = set()
+    obs = envs.reset()
+    saw_life_loss = saw_game_over = False
+    for _ in range(1_000):
+        actions = rng.integers(0, envs.n_actions, 3)
+        step = envs.step(actions)
+        buffer.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
+        for e in np.flatnonzero(step.mask):
+            truth.add(key(obs[e], actions[e], step.rewards[e], step.next_obs[e], step.dones[e]))
+        saw_life_loss |= bool((step.dones & ~step.ends).any())
+        saw_game_over |= bool(step.ends.any())
+        obs = step.next_obs
+    envs.close()
+    assert saw_life_loss and saw_game_over
+    keys = sampled_keys(buffer, 40)
+    assert all(k in truth for k in keys)
+    assert any(k[4] for k in keys)  # terminal transitions are sampled, with done set
