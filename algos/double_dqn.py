@@ -207,6 +207,7 @@ if __name__ == "__main__":
                     args.eval_episodes,
                     args.eval_epsilon,
                     seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
+                    video_path=run.video_path(global_step),
                 )
             run.evaluation(global_step, result)
             run.write_receipt()
@@ -220,6 +221,7 @@ if __name__ == "__main__":
             args.eval_episodes,
             args.eval_epsilon,
             seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
+            video_path=run.video_path(global_step),
         )
     run.evaluation(global_step, result, final=True)
     if args.save_model:

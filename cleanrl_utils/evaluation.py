@@ -5,14 +5,18 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import cv2
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
-from cleanrl_utils.envs import play_episodes
+from cleanrl_utils.envs import ale_game, play_episodes
 from cleanrl_utils.scores import human_normalized_score
 
 
@@ -24,9 +28,11 @@ def evaluate(
     episodes: int = 10,
     epsilon: float = 0.01,
     seed: int = 0,
+    video_path: Path | None = None,
 ) -> dict[str, Any]:
     """Play ``episodes`` whole games with the network's greedy action (argmax of its forward
-    output, the Q-values) taken with probability 1 - ``epsilon``."""
+    output, the Q-values) taken with probability 1 - ``epsilon``. With ``video_path``, one more
+    game is played and recorded as MP4 (the RGB screen)."""
     was_training = q_network.training
     q_network.eval()
 
@@ -38,6 +44,8 @@ def evaluate(
         returns, lengths, histogram = play_episodes(
             env_id, episodes, seed, greedy, n_actions, epsilon, np.random.default_rng(seed)
         )
+        if video_path is not None:
+            record_game(greedy, env_id, n_actions, epsilon, seed, video_path)
     finally:
         q_network.train(was_training)
     mean = float(np.mean(returns))
@@ -51,6 +59,44 @@ def evaluate(
         "epsilon": epsilon,
         "seed": seed,
     }
+
+
+def record_game(
+    greedy: Callable[[np.ndarray], np.ndarray],
+    env_id: str,
+    n_actions: int,
+    epsilon: float,
+    seed: int,
+    path: Path,
+) -> None:
+    """Record one whole game as MP4 with OpenCV (no extra dependency). The single environment is
+    Gymnasium's AtariPreprocessing, which matches the vector environment's protocol up to small
+    resizing differences, so the recorded game is representative, not one of the scored ones."""
+    if ale_game(env_id) is None:
+        print(f"warning: --capture-video records ALE games only; {env_id} is not recorded", file=sys.stderr)
+        return
+    env = gym.make(env_id, render_mode="rgb_array")
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
+    env = gym.wrappers.FrameStackObservation(env, 4, padding_type="zero")
+    rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    obs, _ = env.reset(seed=seed)
+    frame = env.render()
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 15, (frame.shape[1], frame.shape[0]))
+    try:
+        while True:
+            writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+            action = int(greedy(np.asarray(obs)[None])[0])
+            if rng.random() < epsilon:
+                action = int(rng.integers(n_actions))
+            obs, _, terminated, truncated, _ = env.step(action)
+            frame = env.render()
+            if terminated or truncated:
+                writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+                break
+    finally:
+        writer.release()
+        env.close()
 
 
 def load_algorithm(script: str | Path):

@@ -174,6 +174,10 @@ class Run:
             self.print(f"Final eval return: {result['mean']}")
         self.writer.flush()
 
+    def video_path(self, global_step: int) -> Path | None:
+        """Where an evaluation's recorded game goes, None unless --capture-video."""
+        return self.dir / "videos" / f"eval_step_{global_step}.mp4" if self.args.capture_video else None
+
     def print(self, line: str) -> None:
         if self.progress is not None:
             self.progress.write(line)

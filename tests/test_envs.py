@@ -1,0 +1,115 @@
+"""The training protocol on real ALE games, cross-checked against ale-py's own flags."""
+
+import numpy as np
+import pytest
+from ale_py.vector_env import AtariVectorEnv
+
+from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id, play_episodes
+
+GAME_ID, ROM = "SpaceInvadersNoFrameskip-v4", "space_invaders"
+
+
+def play_one_game(seed: int, rng: np.random.Generator):
+    """Random play through one whole game; every step's StepResult and the actions."""
+    envs = TrainEnvs(GAME_ID, 1, seed=seed)
+    obs = envs.reset()
+    assert obs.shape == (1, 4, 84, 84) and obs.dtype == np.uint8
+    steps, actions = [], []
+    while True:
+        rng.random(1)  # keeps the random stream aligned with play_episodes' epsilon draw
+        action = rng.integers(0, envs.n_actions, 1)
+        step = envs.step(action)
+        steps.append((obs, step))
+        actions.append(int(action[0]))
+        obs = step.next_obs
+        if step.ends[0]:
+            after = envs.step(np.zeros(1, dtype=np.int64))  # the autoreset step
+            envs.close()
+            return steps, actions, after
+
+
+@pytest.fixture(scope="module")
+def game():
+    return play_one_game(seed=3, rng=np.random.default_rng(0))
+
+
+def test_life_loss_ends_the_learning_episode_but_not_the_game(game):
+    steps, _, after = game
+    dones = [bool(s.dones[0]) for _, s in steps]
+    ends = [bool(s.ends[0]) for _, s in steps]
+    assert sum(dones) == 3  # Space Invaders: three lives, each loss is a learning terminal
+    assert ends == [False] * (len(steps) - 1) + [True] and dones[-1]
+    for (_, step), (next_obs, _) in zip(steps, steps[1:], strict=False):
+        assert step.mask[0]
+        np.testing.assert_array_equal(next_obs, step.next_obs)  # the game goes on after a life loss
+    assert not after.mask[0]  # the step after the game is the reset, not a transition
+    assert after.episode_returns == []
+
+
+def test_rewards_are_clipped_for_learning_and_the_logged_return_is_the_raw_game(game):
+    steps, _, _ = game
+    raw = np.array([s.raw_rewards[0] for _, s in steps])
+    clipped = np.array([s.rewards[0] for _, s in steps])
+    assert raw.max() > 1  # Space Invaders pays 5 to 30 per invader
+    np.testing.assert_array_equal(clipped, np.sign(raw))
+    [(env, episodic_return, length)] = steps[-1][1].episode_returns
+    assert episodic_return == raw.sum() and length == len(steps)
+
+
+def test_learning_signal_agrees_with_ale_life_loss_info_and_reward_clipping(game):
+    steps, actions, _ = game
+    reference = AtariVectorEnv(ROM, 1, life_loss_info=True, reward_clipping=True, noop_max=30)
+    obs, _ = reference.reset(seed=3)
+    for (our_obs, ours), action in zip(steps, actions, strict=True):
+        np.testing.assert_array_equal(obs, our_obs)
+        obs, reward, terminated, _, _ = reference.step(np.array([action]))
+        assert terminated[0] == ours.dones[0]
+        assert reward[0] == ours.rewards[0]
+    reference.close()
+
+
+def test_evaluation_plays_the_same_whole_game_with_raw_score(game):
+    steps, _, _ = game
+    [(_, train_return, train_length)] = steps[-1][1].episode_returns
+    returns, lengths, histogram = play_episodes(
+        GAME_ID,
+        1,
+        seed=3,
+        select_actions=lambda obs: np.zeros(1),
+        n_actions=6,
+        epsilon=1.0,
+        rng=np.random.default_rng(0),
+    )
+    assert returns == [train_return] and lengths == [train_length]
+    assert histogram.sum() == train_length
+
+
+def test_time_limit_is_108k_frames_a_truncation_not_a_terminal():
+    # Breakout with NOOP only: after the first life is lost the ball is never served again,
+    # so the game runs into the 108,000-frame (27,000-step) cap.
+    envs = TrainEnvs("BreakoutNoFrameskip-v4", 1, seed=0)
+    envs.reset()
+    noop = np.zeros(1, dtype=np.int64)
+    length = 0
+    while True:
+        step = envs.step(noop)
+        length += 1
+        if step.ends[0]:
+            break
+    envs.close()
+    assert step.truncations[0] and not step.dones[0]
+    assert 26_960 <= length <= 27_000
+    assert step.episode_returns[0][2] == length
+
+
+@pytest.mark.parametrize(
+    "env_id,hint",
+    [("BreakoutNoFrameskp-v4", "BreakoutNoFrameskip-v4"), ("ALE/Pong-v5", "PongNoFrameskip-v4"), ("Pongg", "Pong")],
+)
+def test_unknown_or_unsuitable_ids_are_refused_with_close_matches(env_id, hint):
+    with pytest.raises(EnvIdError, match=hint):
+        check_env_id(env_id)
+
+
+def test_toy_ids_with_a_module_prefix_are_accepted():
+    check_env_id("tests.toy_envs:ImageBandit-v0")
