@@ -123,8 +123,6 @@ if __name__ == "__main__":
         envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed)
     except EnvIdError as error:
         fail(str(error))
-    run = Run(args, __file__, device)
-
     q_network = QNetwork(envs.n_actions).to(device)
     check_encoder(q_network.encoder)
     optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate)
@@ -132,6 +130,7 @@ if __name__ == "__main__":
     target_network.load_state_dict(q_network.state_dict())
     rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed)
     rng = np.random.default_rng(args.seed)
+    run = Run(args, __file__, device)  # the run folder appears once everything is allocated
     run.timings["setup"] += time.perf_counter() - setup_start
 
     obs = envs.reset()

@@ -35,6 +35,13 @@ def validate_common_args(args: Any) -> None:
         fail(f"--eval-every {args.eval_every} must be >= 0 (0 turns periodic evaluation off)")
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} is smaller than --batch-size {args.batch_size}; raise --buffer-size")
+    slots = -(-args.buffer_size // args.num_envs)
+    if slots < 8:
+        fail(
+            f"--buffer-size {args.buffer_size} gives {slots} replay slots per environment with "
+            f"--num-envs {args.num_envs}; each needs at least 8 (a frame stack and a transition): "
+            f"raise --buffer-size to at least {8 * args.num_envs}"
+        )
     if args.learning_starts < args.batch_size:
         fail(
             f"--learning-starts {args.learning_starts} is smaller than --batch-size {args.batch_size}; "

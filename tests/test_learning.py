@@ -7,13 +7,11 @@ without bound (the logged Q-values, whose true mean lies between 0 and 1 on thes
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO, run_python
 
-REPO = Path(__file__).resolve().parents[1]
 FAST_LEARNING = [
     "--learning-starts", "200", "--buffer-size", "2000", "--train-frequency", "1",
     "--target-network-frequency", "50", "--learning-rate", "5e-4", "--exploration-fraction", "0.5",
@@ -24,10 +22,8 @@ TASKS = {"ImageBandit-v0": 1200, "DelayedImage-v0": 2000}  # env id: agent steps
 
 def train(script: Path, task: str, tmp_path: Path) -> tuple[float, float]:
     """Run a script on a toy task; return its final evaluation mean and last logged Q-value."""
-    command = [sys.executable, str(script), "--env-id", f"tests.toy_envs:{task}"]
-    command += ["--total-timesteps", str(TASKS[task]), "--run-dir", str(tmp_path), *FAST_LEARNING]
-    env = {"PYTHONPATH": str(REPO), "CI": "true", "PATH": "/usr/bin:/bin"}
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    command = [str(script), "--env-id", f"tests.toy_envs:{task}", "--total-timesteps", str(TASKS[task])]
+    done = run_python(*command, "--run-dir", str(tmp_path), *FAST_LEARNING, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     q_values = [float(v) for v in re.findall(r"^TRAIN_METRICS .* q_values=(\S+)", done.stdout, re.M)]
     [run_dir] = tmp_path.iterdir()
