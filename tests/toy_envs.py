@@ -9,6 +9,7 @@ imports the module before making the environment), with the repository root on P
   action leads to a "good" frame whose every action pays 1, the other to a "bad" frame that pays
   0. Optimal return 1 (Q* = gamma at the cue), random 0.5: the cue's value only arrives through
   bootstrapping, so a learner without a working target fails it.
+- ``CrashingBandit-v0``: ImageBandit that raises after 150 steps (a failing run).
 """
 
 from __future__ import annotations
@@ -73,5 +74,18 @@ class DelayedImage(_StackedTask):
         return self._push(_frame("blank")), 1.0 if self.good else 0.0, True, False, {}
 
 
+class CrashingBandit(ImageBandit):
+    """ImageBandit that raises after 150 steps: a run that fails, for the launcher's tests."""
+
+    steps = 0
+
+    def step(self, action):
+        CrashingBandit.steps += 1
+        if CrashingBandit.steps > 150:
+            raise RuntimeError("CrashingBandit: deliberate failure for the tests")
+        return super().step(action)
+
+
 gym.register(id="ImageBandit-v0", entry_point=ImageBandit)
+gym.register(id="CrashingBandit-v0", entry_point=CrashingBandit)
 gym.register(id="DelayedImage-v0", entry_point=DelayedImage)

@@ -1,0 +1,242 @@
+"""Run a grid of algorithms x games x seeds, locally in a pool of processes or on a Ray cluster.
+
+    python -m cleanrl_utils.benchmark --algos dqn qrdqn --env-ids PongNoFrameskip-v4 \\
+        --seeds 1 2 3 --workers 2 -- --total-timesteps 1000000
+
+Each run's output goes to its own log file; runs whose ``receipt.json`` says ``finished`` are
+skipped when the same grid is launched again. Failed runs are reported with their log's tail
+and make the exit status non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ALGOS_DIR = REPO_ROOT / "algos"
+
+
+@dataclass
+class RunSpec:
+    algo: str
+    env_id: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.env_id.replace('/', '_').replace(':', '_')}__{self.algo}__{self.seed}"
+
+
+def known_algos() -> list[str]:
+    return sorted(p.stem for p in ALGOS_DIR.glob("*.py"))
+
+
+def finished_run(run_dir: Path, spec: RunSpec) -> Path | None:
+    """The folder of an earlier run of ``spec`` whose receipt says it finished, if any."""
+    for receipt in sorted(run_dir.glob(f"{spec.name}__*/receipt.json")):
+        try:
+            if json.loads(receipt.read_text()).get("status") == "finished":
+                return receipt.parent
+        except (OSError, json.JSONDecodeError):
+            continue
+    return None
+
+
+def command_for(spec: RunSpec, run_dir: Path, extra: list[str]) -> list[str]:
+    return [
+        sys.executable,
+        str(ALGOS_DIR / f"{spec.algo}.py"),
+        "--env-id",
+        spec.env_id,
+        "--seed",
+        str(spec.seed),
+        "--run-dir",
+        str(run_dir),
+        *extra,
+    ]
+
+
+def run_environment(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # One torch thread per process by default: several processes each spinning on every
+    # core slow each other down several-fold.
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    env.setdefault("MKL_NUM_THREADS", str(threads))
+    env["CI"] = "true"  # plain progress lines in the log instead of a progress bar
+    return env
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def last_step(path: Path) -> int:
+    """The newest agent step a run's log mentions (progress, metrics or episode lines)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return 0
+    step = 0
+    for line in tail.splitlines():
+        for prefix in ("global_step=", "TRAIN_METRICS step=", "progress step="):
+            if line.startswith(prefix):
+                digits = line[len(prefix) :].split(",")[0].split("/")[0].split()[0]
+                if digits.isdigit():
+                    step = max(step, int(digits))
+    return step
+
+
+def total_timesteps(extra: list[str]) -> int:
+    for i, flag in enumerate(extra):
+        if flag == "--total-timesteps" and i + 1 < len(extra):
+            return int(extra[i + 1])
+        if flag.startswith("--total-timesteps="):
+            return int(flag.split("=", 1)[1])
+    return 10_000_000
+
+
+def run_local(specs: list[RunSpec], run_dir: Path, logs: Path, extra: list[str], workers: int, threads: int) -> dict:
+    """A pool of ``workers`` subprocesses with one status line per run."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    env = run_environment(threads)
+    pending = list(specs)
+    running: dict[str, tuple[subprocess.Popen, RunSpec, Path, int]] = {}
+    results: dict[str, int] = {}
+    total = total_timesteps(extra)
+    columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), TimeElapsedColumn()]
+    with Progress(*columns, refresh_per_second=2, transient=False) as progress:
+        tasks = {s.name: progress.add_task(s.name, total=total, state="queued") for s in specs}
+        while pending or running:
+            while pending and len(running) < workers:
+                spec = pending.pop(0)
+                log = logs / f"{spec.name}.log"
+                handle = open(log, "w")  # noqa: SIM115 - closed when the process ends
+                process = subprocess.Popen(
+                    command_for(spec, run_dir, extra), stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT
+                )
+                running[spec.name] = (process, spec, log, handle)
+                progress.update(tasks[spec.name], state="running")
+            for name, (process, _, log, handle) in list(running.items()):
+                progress.update(tasks[name], completed=last_step(log))
+                code = process.poll()
+                if code is not None:
+                    handle.close()
+                    results[name] = code
+                    state = "finished" if code == 0 else f"FAILED (exit {code})"
+                    progress.update(tasks[name], state=state, completed=total if code == 0 else None)
+                    del running[name]
+            time.sleep(0.5)
+    return results
+
+
+def run_ray(specs: list[RunSpec], run_dir: Path, logs: Path, extra: list[str], address: str, threads: int, gpus: float):
+    """Each run a Ray task (1 CPU, ``gpus`` GPUs); run folders and logs go to the paths given,
+    which must be shared by the cluster's nodes (on one machine they are local)."""
+    try:
+        import ray
+    except ImportError:
+        fail("--ray-address needs Ray: pip install 'value-atari[ray]' (or pip install 'ray[default]')")
+    try:
+        ray.init(address=None if address == "local" else address, log_to_driver=False)
+    except Exception as error:  # Ray raises several types for an unreachable head
+        fail(f"--ray-address {address}: cannot connect to a Ray cluster ({type(error).__name__}: {error})")
+
+    @ray.remote(num_cpus=1, num_gpus=gpus)
+    def one_run(command: list[str], log: str, env: dict[str, str]) -> int:
+        with open(log, "w") as handle:
+            return subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT).returncode
+
+    env = run_environment(threads)
+    futures = {s.name: one_run.remote(command_for(s, run_dir, extra), str(logs / f"{s.name}.log"), env) for s in specs}
+    results = {}
+    for name, future in futures.items():
+        results[name] = ray.get(future)
+        print(f"{name}: {'finished' if results[name] == 0 else f'FAILED (exit {results[name]})'}", flush=True)
+    ray.shutdown()
+    return results
+
+
+def fail(message: str):
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
+    parser = argparse.ArgumentParser(
+        prog="python -m cleanrl_utils.benchmark",
+        description="Run algorithms x games x seeds; flags after -- go to every run.",
+    )
+    parser.add_argument("--algos", nargs="+", required=True, help=f"among: {' '.join(known_algos())}")
+    parser.add_argument("--env-ids", nargs="+", required=True)
+    parser.add_argument("--seeds", nargs="+", type=int, required=True)
+    parser.add_argument("--workers", type=int, default=1, help="parallel local runs (default 1)")
+    parser.add_argument("--threads-per-run", type=int, default=1, help="torch threads per run (default 1)")
+    parser.add_argument("--run-dir", default="runs", help="where the run folders go (shared path for Ray)")
+    parser.add_argument("--logs-dir", default=None, help="per-run logs (default RUN_DIR/logs)")
+    parser.add_argument("--ray-address", default=None, help="auto, HOST:PORT, or local (start Ray here)")
+    parser.add_argument("--gpus-per-run", type=float, default=0.0, help="GPUs each Ray task asks for")
+    return parser.parse_args(argv), extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parse(sys.argv[1:] if argv is None else argv)
+    unknown = [a for a in args.algos if a not in known_algos()]
+    if unknown:
+        fail(f"--algos: unknown algorithm {', '.join(unknown)}; choose among {', '.join(known_algos())}")
+    from cleanrl_utils.envs import EnvIdError, check_env_id
+
+    for env_id in args.env_ids:
+        try:
+            check_env_id(env_id)
+        except EnvIdError as error:
+            fail(str(error))
+    if args.workers < 1:
+        fail(f"--workers {args.workers} must be at least 1")
+    if "--seed" in extra or "--env-id" in extra or "--run-dir" in extra:
+        fail("pass --seeds, --env-ids and --run-dir to the launcher, not after --")
+    specs = [RunSpec(a, e, s) for e in args.env_ids for a in args.algos for s in dict.fromkeys(args.seeds)]
+    if not specs:
+        fail("the grid is empty: give at least one algorithm, game and seed")
+    run_dir = Path(args.run_dir).resolve()
+    logs = Path(args.logs_dir).resolve() if args.logs_dir else run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    todo = []
+    for spec in specs:
+        done = finished_run(run_dir, spec)
+        if done is not None:
+            print(f"{spec.name}: already finished in {done}, skipped", flush=True)
+        else:
+            todo.append(spec)
+    print(f"{len(todo)} run(s) to do, {len(specs) - len(todo)} already finished; logs in {logs}", flush=True)
+    if args.ray_address:
+        results = run_ray(todo, run_dir, logs, extra, args.ray_address, args.threads_per_run, args.gpus_per_run)
+    else:
+        results = run_local(todo, run_dir, logs, extra, args.workers, args.threads_per_run)
+    failed = [name for name, code in results.items() if code != 0]
+    for name in failed:
+        print(f"\n--- {name} failed (exit {results[name]}); last lines of {logs / (name + '.log')}:", file=sys.stderr)
+        print(log_tail(logs / f"{name}.log"), file=sys.stderr)
+    print(f"{len(results) - len(failed)} finished, {len(failed)} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# Usage: scripts/breakout.sh [ALGO] [SEED] [extra flags...]   (ALGO defaults to dqn, SEED to 1)
+# Trains on BreakoutNoFrameskip-v4 with --device auto: CUDA, then Apple MPS, then CPU.
+exec "$(dirname "${BASH_SOURCE[0]}")/train.sh" BreakoutNoFrameskip-v4 "$@"

@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# Usage: scripts/mspacman.sh [ALGO] [SEED] [extra flags...]   (ALGO defaults to dqn, SEED to 1)
+# Trains on MsPacmanNoFrameskip-v4 with --device auto: CUDA, then Apple MPS, then CPU.
+exec "$(dirname "${BASH_SOURCE[0]}")/train.sh" MsPacmanNoFrameskip-v4 "$@"

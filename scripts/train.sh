@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Usage: scripts/train.sh ENV_ID [ALGO] [SEED] [extra flags...]
+# Runs algos/ALGO.py (default dqn) with --seed SEED (default 1) and --device auto (CUDA, then
+# Apple MPS, then CPU); extra flags pass through. Works from any working directory.
+set -euo pipefail
+
+if [ $# -lt 1 ]; then
+    echo "usage: $0 ENV_ID [ALGO] [SEED] [extra flags...]" >&2
+    exit 2
+fi
+env_id=$1
+shift
+algo=dqn
+seed=1
+if [ $# -gt 0 ] && [[ $1 != -* ]]; then
+    algo=$1
+    shift
+fi
+if [ $# -gt 0 ] && [[ $1 != -* ]]; then
+    seed=$1
+    shift
+fi
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+script="$root/algos/$algo.py"
+if [ ! -f "$script" ]; then
+    known=""
+    for file in "$root"/algos/*.py; do
+        name=${file##*/}
+        known="$known ${name%.py}"
+    done
+    echo "error: unknown algorithm '$algo'; choose one of:$known" >&2
+    exit 2
+fi
+if ! [[ $seed =~ ^[0-9]+$ ]]; then
+    echo "error: SEED '$seed' must be a non-negative integer" >&2
+    exit 2
+fi
+
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+command=("${PYTHON:-python}" "$script" --env-id "$env_id" --seed "$seed" --device auto "$@")
+echo "+ ${command[*]}"
+exec "${command[@]}"
