@@ -120,7 +120,7 @@ def main() -> None:
     if not script.exists():  # the repository moved: find the script beside this package
         script = Path(__file__).resolve().parents[1] / "algos" / f"{saved['algo']}.py"
     module = load_algorithm(script)
-    q_network = module.QNetwork(saved["n_actions"])
+    q_network = module.QNetwork(saved["n_actions"], **saved.get("network_kwargs", {}))
     q_network.load_state_dict(saved["state_dict"])
     env_id = args.env_id or saved["env_id"]
     result = evaluate(

@@ -202,7 +202,8 @@ class Run:
                 flush=True,
             )
 
-    def save_model(self, q_network: torch.nn.Module, n_actions: int) -> Path:
+    def save_model(self, q_network: torch.nn.Module, n_actions: int, **network_kwargs: Any) -> Path:
+        """Weights plus what rebuilds the network: ``QNetwork(n_actions, **network_kwargs)``."""
         path = self.dir / f"{self.args.exp_name}.cleanrl_model"
         tmp = path.with_name(path.name + ".tmp")
         torch.save(
@@ -212,6 +213,7 @@ class Run:
                 "algo_script": self.script,
                 "env_id": self.args.env_id,
                 "n_actions": n_actions,
+                "network_kwargs": network_kwargs,
             },
             tmp,
         )

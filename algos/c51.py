@@ -1,0 +1,271 @@
+# C51 (Bellemare et al. 2017): DQN that learns the distribution of returns on a fixed support of atoms,
+# with a projected target and a cross-entropy loss; CleanRL's c51_atari.py defaults; docs in README.md
+import os
+import random
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+import tyro
+
+from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
+from cleanrl_utils.checks import check_memory, fail, pick_device, validate_common_args
+from cleanrl_utils.encoder import NatureCNN, check_encoder
+from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
+from cleanrl_utils.evaluation import evaluate
+from cleanrl_utils.run import Run
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    device: str = "auto"
+    """auto (CUDA, then MPS, then CPU), cuda, mps or cpu"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "value-atari"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to record the evaluation games as MP4 in the run folder"""
+    save_model: bool = False
+    """whether to save the model into the run folder"""
+    run_dir: str = "runs"
+    """the folder that receives the run folder"""
+
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """the id of the environment"""
+    total_timesteps: int = 10_000_000
+    """total agent steps of the experiment, summed over environments"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel game environments"""
+    buffer_size: int = 1_000_000
+    """the replay memory buffer size"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 1.0
+    """the target network update rate"""
+    target_network_frequency: int = 10_000
+    """the agent steps it takes to update the target network"""
+    batch_size: int = 32
+    """the batch size of sample from the replay memory"""
+    start_e: float = 1.0
+    """the starting epsilon for exploration"""
+    end_e: float = 0.01
+    """the ending epsilon for exploration"""
+    exploration_fraction: float = 0.10
+    """the fraction of `total-timesteps` it takes from start-e to go end-e"""
+    learning_starts: int = 80_000
+    """agent steps to start learning"""
+    train_frequency: int = 4
+    """agent steps per gradient update, whatever the number of environments"""
+    eval_every: int = 500_000
+    """agent steps between evaluations (0: only the final one)"""
+    eval_episodes: int = 10
+    """whole games per evaluation"""
+    eval_epsilon: float = 0.01
+    """epsilon of the evaluation policy (0: greedy)"""
+    n_atoms: int = 51
+    """the number of atoms of the return distribution's support"""
+    v_min: float = -10.0
+    """the lowest return of the support"""
+    v_max: float = 10.0
+    """the highest return of the support"""
+
+
+class QNetwork(nn.Module):
+    def __init__(self, n_actions: int, n_atoms: int = 51, v_min: float = -10.0, v_max: float = 10.0):
+        super().__init__()
+        self.encoder = NatureCNN()
+        self.n_actions, self.n_atoms = n_actions, n_atoms
+        self.register_buffer("atoms", torch.linspace(v_min, v_max, n_atoms))  # the support z_1..z_N
+        self.head = nn.Linear(512, n_actions * n_atoms)
+
+    def log_distribution(self, x):
+        """log-probabilities of the returns on the atoms, (batch, n_actions, n_atoms)"""
+        return F.log_softmax(self.head(self.encoder(x)).view(-1, self.n_actions, self.n_atoms), dim=2)
+
+    def distribution(self, x):
+        """probabilities of the returns on the atoms, (batch, n_actions, n_atoms)"""
+        return self.log_distribution(x).exp()
+
+    def forward(self, x):
+        """expected returns, the Q-values, (batch, n_actions)"""
+        return (self.distribution(x) * self.atoms).sum(dim=2)
+
+
+def project_distribution(next_probs, rewards, dones, gamma: float, atoms):
+    """The categorical projection of Bellemare et al. (2017, Algorithm 1), vectorised over the batch:
+    each target atom r + gamma * z_j (just r after a terminal: no bootstrap), clipped to [v_min, v_max],
+    gives its probability p_j to the two nearest support points in proportion to closeness, z_i receiving
+    p_j * max(0, 1 - |Tz_j - z_i| / delta_z). next_probs (batch, N), rewards and dones (batch,), atoms (N,)"""
+    delta_z = (atoms[-1] - atoms[0]) / (len(atoms) - 1)
+    tz = (rewards.unsqueeze(1) + gamma * (1 - dones.unsqueeze(1)) * atoms).clamp(atoms[0], atoms[-1])
+    closeness = (1 - (tz.unsqueeze(1) - atoms.view(1, -1, 1)).abs() / delta_z).clamp(min=0)  # (batch, i, j)
+    return (closeness * next_probs.unsqueeze(1)).sum(dim=2)
+
+
+def compute_target_distribution(target_network, data, gamma: float):
+    """the projection of r + gamma * Z_target(s', a*), a* = argmax_a' E[Z_target(s', a')]; (batch, N)"""
+    with torch.no_grad():
+        next_probs = target_network.distribution(data.next_observations)
+        next_actions = (next_probs * target_network.atoms).sum(dim=2).argmax(dim=1)
+        next_probs = next_probs[torch.arange(len(next_actions)), next_actions]
+        return project_distribution(next_probs, data.rewards, data.dones, gamma, target_network.atoms)
+
+
+def cross_entropy(target_probs, log_probs):
+    """-sum_i target_i * log p_i, averaged over the batch; (batch, N), (batch, N) -> scalar"""
+    return -(target_probs * log_probs).sum(dim=1).mean()
+
+
+def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
+    slope = (end_e - start_e) / duration
+    return max(slope * t + start_e, end_e)
+
+
+if __name__ == "__main__":
+    setup_start = time.perf_counter()
+    args = tyro.cli(Args)
+    validate_common_args(args)
+    if args.n_atoms < 2:
+        fail(f"--n-atoms {args.n_atoms} must be at least 2 (the support's two ends); use e.g. --n-atoms 51")
+    if not (np.isfinite(args.v_min) and np.isfinite(args.v_max) and args.v_min < args.v_max):
+        fail(
+            f"--v-min {args.v_min} must be below --v-max {args.v_max}, both finite (the support is "
+            "[v-min, v-max]); lower --v-min or raise --v-max, e.g. --v-min -10 --v-max 10"
+        )
+    try:
+        check_env_id(args.env_id)
+    except EnvIdError as error:
+        fail(str(error))
+    check_memory(args.buffer_size, bytes_per_transition())
+    device = pick_device(args.device)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    try:
+        envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed)
+    except EnvIdError as error:
+        fail(str(error))
+    q_network = QNetwork(envs.n_actions, args.n_atoms, args.v_min, args.v_max).to(device)
+    check_encoder(q_network.encoder)
+    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=0.01 / args.batch_size)
+    target_network = QNetwork(envs.n_actions, args.n_atoms, args.v_min, args.v_max).to(device)
+    target_network.load_state_dict(q_network.state_dict())
+    rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed)
+    rng = np.random.default_rng(args.seed)
+    run = Run(args, __file__, device)  # the run folder appears once everything is allocated
+    run.timings["setup"] += time.perf_counter() - setup_start
+
+    obs = envs.reset()
+    global_step, update_credit, start_time = 0, 0, time.time()
+    while global_step < args.total_timesteps:
+        previous_step = global_step
+        epsilon = linear_schedule(
+            args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+        )
+        with run.timed("acting"):
+            actions = rng.integers(0, envs.n_actions, args.num_envs)
+            greedy = rng.random(args.num_envs) >= epsilon
+            if greedy.any():
+                with torch.no_grad():
+                    q_values = q_network(torch.as_tensor(obs[greedy], device=device))
+                actions[greedy] = q_values.argmax(dim=1).cpu().numpy()
+        with run.timed("environment"):
+            step = envs.step(actions)
+        global_step += args.num_envs
+        run.counts["env_steps"] = global_step
+        for _, episodic_return, length in step.episode_returns:
+            run.episode(global_step, episodic_return, length)
+
+        # the step after a game ends returns the reset observation: not a transition (mask)
+        rb.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
+        run.counts["transitions_stored"] += int(step.mask.sum())
+        obs = step.next_obs
+
+        if global_step > args.learning_starts:
+            update_credit += args.num_envs
+            while update_credit >= args.train_frequency:  # one update per train_frequency agent steps
+                update_credit -= args.train_frequency
+                with run.timed("learning"):
+                    data = rb.sample(args.batch_size)
+                    target_probs = compute_target_distribution(target_network, data, args.gamma)
+                    log_probs = q_network.log_distribution(data.observations)
+                    log_probs = log_probs[torch.arange(args.batch_size), data.actions]  # the taken actions'
+                    loss = cross_entropy(target_probs, log_probs)
+                    old_val = (log_probs.detach().exp() * q_network.atoms).sum(dim=1)  # E[Z(s, a)]
+
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                run.counts["gradient_updates"] += 1
+
+            if global_step // 1000 > previous_step // 1000 and run.counts["gradient_updates"] > 0:
+                td_loss, q_mean = loss.item(), old_val.mean().item()
+                if not (np.isfinite(td_loss) and np.isfinite(q_mean)):
+                    run.close(status="failed: non-finite loss")
+                    fail(f"non-finite td_loss={td_loss} or q_values={q_mean} at step {global_step}; stopping")
+                run.train_metrics(global_step, {"td_loss": td_loss, "q_values": q_mean})
+
+            # update target network
+            if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
+                for target_param, q_param in zip(target_network.parameters(), q_network.parameters(), strict=True):
+                    target_param.data.copy_(args.tau * q_param.data + (1.0 - args.tau) * target_param.data)
+
+        if global_step // 100 > previous_step // 100:
+            sps = global_step / (time.time() - start_time)
+            run.scalar("charts/SPS", int(sps), global_step)
+            run.scalar("charts/epsilon", epsilon, global_step)
+            run.show_progress(global_step, args.total_timesteps, sps)
+
+        if (
+            args.eval_every
+            and global_step // args.eval_every > previous_step // args.eval_every
+            and global_step < args.total_timesteps
+        ):
+            with run.timed("evaluation"):
+                result = evaluate(
+                    q_network,
+                    args.env_id,
+                    envs.n_actions,
+                    device,
+                    args.eval_episodes,
+                    args.eval_epsilon,
+                    seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
+                    video_path=run.video_path(global_step),
+                )
+            run.evaluation(global_step, result)
+            run.write_receipt()
+
+    with run.timed("evaluation"):
+        result = evaluate(
+            q_network,
+            args.env_id,
+            envs.n_actions,
+            device,
+            args.eval_episodes,
+            args.eval_epsilon,
+            seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
+            video_path=run.video_path(global_step),
+        )
+    run.evaluation(global_step, result, final=True)
+    if args.save_model:
+        run.save_model(q_network, envs.n_actions, n_atoms=args.n_atoms, v_min=args.v_min, v_max=args.v_max)
+    envs.close()
+    run.close()

@@ -1,0 +1,265 @@
+# QR-DQN (Dabney et al. 2017): DQN that learns N quantiles of the distribution of returns with the
+# quantile Huber loss; sb3-contrib's QR-DQN with rl-baselines3-zoo's Atari settings; docs in README.md
+import os
+import random
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.optim as optim
+import tyro
+
+from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
+from cleanrl_utils.checks import check_memory, fail, pick_device, validate_common_args
+from cleanrl_utils.encoder import NatureCNN, check_encoder
+from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
+from cleanrl_utils.evaluation import evaluate
+from cleanrl_utils.run import Run
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    device: str = "auto"
+    """auto (CUDA, then MPS, then CPU), cuda, mps or cpu"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "value-atari"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to record the evaluation games as MP4 in the run folder"""
+    save_model: bool = False
+    """whether to save the model into the run folder"""
+    run_dir: str = "runs"
+    """the folder that receives the run folder"""
+
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """the id of the environment"""
+    total_timesteps: int = 10_000_000
+    """total agent steps of the experiment, summed over environments"""
+    learning_rate: float = 5e-5
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel game environments"""
+    buffer_size: int = 1_000_000
+    """the replay memory buffer size"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 1.0
+    """the target network update rate"""
+    target_network_frequency: int = 10_000
+    """the agent steps it takes to update the target network"""
+    batch_size: int = 32
+    """the batch size of sample from the replay memory"""
+    start_e: float = 1.0
+    """the starting epsilon for exploration"""
+    end_e: float = 0.01
+    """the ending epsilon for exploration"""
+    exploration_fraction: float = 0.025
+    """the fraction of `total-timesteps` it takes from start-e to go end-e"""
+    learning_starts: int = 50_000
+    """agent steps to start learning"""
+    train_frequency: int = 4
+    """agent steps per gradient update, whatever the number of environments"""
+    eval_every: int = 500_000
+    """agent steps between evaluations (0: only the final one)"""
+    eval_episodes: int = 10
+    """whole games per evaluation"""
+    eval_epsilon: float = 0.01
+    """epsilon of the evaluation policy (0: greedy)"""
+    n_quantiles: int = 200
+    """the number of quantiles of the return distribution"""
+    kappa: float = 1.0
+    """the threshold of the quantile Huber loss (quadratic below, linear above)"""
+
+
+class QNetwork(nn.Module):
+    def __init__(self, n_actions: int, n_quantiles: int = 200):
+        super().__init__()
+        self.encoder = NatureCNN()
+        self.n_actions, self.n_quantiles = n_actions, n_quantiles
+        self.head = nn.Linear(512, n_actions * n_quantiles)
+
+    def quantiles(self, x):
+        """the returns' quantiles at tau_i = (2i + 1) / (2N), i = 0..N-1; (batch, n_actions, n_quantiles)"""
+        return self.head(self.encoder(x)).view(-1, self.n_actions, self.n_quantiles)
+
+    def forward(self, x):
+        """the mean of the quantiles, the Q-values, (batch, n_actions)"""
+        return self.quantiles(x).mean(dim=2)
+
+
+def compute_target_quantiles(target_network, data, gamma: float):
+    """r + gamma * theta_j(s', a*) for each quantile j, a* = argmax_a' Q_target(s', a'), no bootstrap after
+    a terminal; (batch, N)"""
+    with torch.no_grad():
+        next_quantiles = target_network.quantiles(data.next_observations)
+        next_actions = next_quantiles.mean(dim=2).argmax(dim=1)
+        next_quantiles = next_quantiles[torch.arange(len(next_actions)), next_actions]
+        return data.rewards.unsqueeze(1) + gamma * next_quantiles * (1 - data.dones.unsqueeze(1))
+
+
+def quantile_huber_loss(quantiles, target_quantiles, kappa: float):
+    """Dabney et al. (2017, eq. 10): rho(u) = |tau_i - 1{u < 0}| * L_kappa(u), u = T_j - theta_i, with the Huber
+    loss L_kappa(u) = u^2 / 2 if |u| <= kappa else kappa * (|u| - kappa / 2) and tau_i = (2i + 1) / (2N);
+    summed over the online quantiles i, averaged over the target quantiles j and the batch, as sb3-contrib's
+    quantile_huber_loss (whose kappa is 1). quantiles (batch, N), target_quantiles (batch, N') -> scalar"""
+    n = quantiles.shape[1]
+    taus = (2 * torch.arange(n, device=quantiles.device, dtype=quantiles.dtype) + 1) / (2 * n)
+    u = target_quantiles.unsqueeze(1) - quantiles.unsqueeze(2)  # (batch, i, j)
+    huber = torch.where(u.abs() <= kappa, 0.5 * u**2, kappa * (u.abs() - 0.5 * kappa))
+    weight = (taus.view(1, -1, 1) - (u.detach() < 0).float()).abs()
+    return (weight * huber).sum(dim=1).mean()
+
+
+def crossing_rate(quantiles) -> float:
+    """the fraction of adjacent quantile pairs (i, i + 1) with theta_{i+1} < theta_i; (batch, N) -> float"""
+    if quantiles.shape[1] < 2:
+        return 0.0
+    return (quantiles[:, 1:] < quantiles[:, :-1]).float().mean().item()
+
+
+def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
+    slope = (end_e - start_e) / duration
+    return max(slope * t + start_e, end_e)
+
+
+if __name__ == "__main__":
+    setup_start = time.perf_counter()
+    args = tyro.cli(Args)
+    validate_common_args(args)
+    if args.n_quantiles < 1:
+        fail(f"--n-quantiles {args.n_quantiles} must be a positive integer; use e.g. --n-quantiles 200")
+    if not args.kappa > 0:
+        fail(f"--kappa {args.kappa} must be > 0 (the Huber threshold of the quantile loss); use e.g. --kappa 1")
+    try:
+        check_env_id(args.env_id)
+    except EnvIdError as error:
+        fail(str(error))
+    check_memory(args.buffer_size, bytes_per_transition())
+    device = pick_device(args.device)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    try:
+        envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed)
+    except EnvIdError as error:
+        fail(str(error))
+    q_network = QNetwork(envs.n_actions, args.n_quantiles).to(device)
+    check_encoder(q_network.encoder)
+    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=0.01 / args.batch_size)
+    target_network = QNetwork(envs.n_actions, args.n_quantiles).to(device)
+    target_network.load_state_dict(q_network.state_dict())
+    rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed)
+    rng = np.random.default_rng(args.seed)
+    run = Run(args, __file__, device)  # the run folder appears once everything is allocated
+    run.timings["setup"] += time.perf_counter() - setup_start
+
+    obs = envs.reset()
+    global_step, update_credit, start_time = 0, 0, time.time()
+    while global_step < args.total_timesteps:
+        previous_step = global_step
+        epsilon = linear_schedule(
+            args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+        )
+        with run.timed("acting"):
+            actions = rng.integers(0, envs.n_actions, args.num_envs)
+            greedy = rng.random(args.num_envs) >= epsilon
+            if greedy.any():
+                with torch.no_grad():
+                    q_values = q_network(torch.as_tensor(obs[greedy], device=device))
+                actions[greedy] = q_values.argmax(dim=1).cpu().numpy()
+        with run.timed("environment"):
+            step = envs.step(actions)
+        global_step += args.num_envs
+        run.counts["env_steps"] = global_step
+        for _, episodic_return, length in step.episode_returns:
+            run.episode(global_step, episodic_return, length)
+
+        # the step after a game ends returns the reset observation: not a transition (mask)
+        rb.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
+        run.counts["transitions_stored"] += int(step.mask.sum())
+        obs = step.next_obs
+
+        if global_step > args.learning_starts:
+            update_credit += args.num_envs
+            while update_credit >= args.train_frequency:  # one update per train_frequency agent steps
+                update_credit -= args.train_frequency
+                with run.timed("learning"):
+                    data = rb.sample(args.batch_size)
+                    target_quantiles = compute_target_quantiles(target_network, data, args.gamma)
+                    quantiles = q_network.quantiles(data.observations)[torch.arange(args.batch_size), data.actions]
+                    loss = quantile_huber_loss(quantiles, target_quantiles, args.kappa)
+                    old_val = quantiles.detach().mean(dim=1)  # Q(s, a)
+
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                run.counts["gradient_updates"] += 1
+
+            if global_step // 1000 > previous_step // 1000 and run.counts["gradient_updates"] > 0:
+                td_loss, q_mean = loss.item(), old_val.mean().item()
+                if not (np.isfinite(td_loss) and np.isfinite(q_mean)):
+                    run.close(status="failed: non-finite loss")
+                    fail(f"non-finite td_loss={td_loss} or q_values={q_mean} at step {global_step}; stopping")
+                metrics = {"td_loss": td_loss, "q_values": q_mean, "crossing_rate": crossing_rate(quantiles)}
+                run.train_metrics(global_step, metrics)
+
+            # update target network
+            if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
+                for target_param, q_param in zip(target_network.parameters(), q_network.parameters(), strict=True):
+                    target_param.data.copy_(args.tau * q_param.data + (1.0 - args.tau) * target_param.data)
+
+        if global_step // 100 > previous_step // 100:
+            sps = global_step / (time.time() - start_time)
+            run.scalar("charts/SPS", int(sps), global_step)
+            run.scalar("charts/epsilon", epsilon, global_step)
+            run.show_progress(global_step, args.total_timesteps, sps)
+
+        if (
+            args.eval_every
+            and global_step // args.eval_every > previous_step // args.eval_every
+            and global_step < args.total_timesteps
+        ):
+            with run.timed("evaluation"):
+                result = evaluate(
+                    q_network,
+                    args.env_id,
+                    envs.n_actions,
+                    device,
+                    args.eval_episodes,
+                    args.eval_epsilon,
+                    seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
+                    video_path=run.video_path(global_step),
+                )
+            run.evaluation(global_step, result)
+            run.write_receipt()
+
+    with run.timed("evaluation"):
+        result = evaluate(
+            q_network,
+            args.env_id,
+            envs.n_actions,
+            device,
+            args.eval_episodes,
+            args.eval_epsilon,
+            seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
+            video_path=run.video_path(global_step),
+        )
+    run.evaluation(global_step, result, final=True)
+    if args.save_model:
+        run.save_model(q_network, envs.n_actions, n_quantiles=args.n_quantiles)
+    envs.close()
+    run.close()

@@ -1,0 +1,283 @@
+"""C51 (algos/c51.py): the categorical projection and the cross-entropy against naive float64 loops (and a
+planted bug that the comparison catches), no bootstrap after a terminal, learning on the toy tasks, a short
+Breakout run read back as a user would, and bad flags. No mocks."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, run_python, run_script
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_learning import TASKS, train
+
+from cleanrl_utils.evaluation import load_algorithm
+
+SCRIPT = REPO / "algos" / "c51.py"
+c51 = load_algorithm(SCRIPT)
+
+
+# ---------------------------------------------------------------- naive references (float64, loops)
+
+
+def naive_projection(next_probs, rewards, dones, gamma: float, v_min: float, v_max: float) -> list[list[float]]:
+    """Bellemare et al. (2017), Algorithm 1, one transition and one atom at a time."""
+    n = len(next_probs[0])
+    delta = (v_max - v_min) / (n - 1)
+    support = [v_min + i * delta for i in range(n)]
+    out = []
+    for k in range(len(rewards)):
+        m = [0.0] * n
+        for j in range(n):
+            tz = float(rewards[k]) if dones[k] else float(rewards[k]) + gamma * support[j]
+            tz = min(max(tz, v_min), v_max)
+            b = min(max((tz - v_min) / delta, 0.0), n - 1.0)
+            lower, upper = math.floor(b), math.ceil(b)
+            if lower == upper:  # lands on a support point: all of p_j goes there
+                m[lower] += float(next_probs[k][j])
+            else:
+                m[lower] += float(next_probs[k][j]) * (upper - b)
+                m[upper] += float(next_probs[k][j]) * (b - lower)
+        out.append(m)
+    return out
+
+
+def naive_cross_entropy(target, log_probs) -> float:
+    total = 0.0
+    for k in range(len(target)):
+        total -= sum(float(target[k][i]) * float(log_probs[k][i]) for i in range(len(target[k])))
+    return total / len(target)
+
+
+def random_probs(batch: int, n: int, generator: torch.Generator, sharpness: float = 3.0) -> torch.Tensor:
+    return torch.softmax(sharpness * torch.randn(batch, n, generator=generator), dim=1)
+
+
+def atoms(n: int, v_min: float, v_max: float) -> torch.Tensor:
+    return torch.linspace(v_min, v_max, n)
+
+
+# ---------------------------------------------------------------- 1. the loss math against the naive loops
+
+
+@pytest.mark.parametrize(
+    "n,v_min,v_max,gamma",
+    [(51, -10.0, 10.0, 0.99), (5, -2.0, 2.0, 1.0), (11, 0.0, 1.0, 0.9), (7, -1.5, 4.5, 0.5)],
+)
+def test_projection_and_cross_entropy_match_naive_loops(n, v_min, v_max, gamma):
+    g = torch.Generator().manual_seed(n)
+    batch = 64
+    next_probs = random_probs(batch, n, g)
+    span = v_max - v_min
+    # rewards well outside the support too (clipped to its ends), and integers that, with gamma 1 and
+    # the unit spacing of the 5-atom support, put every target atom exactly on a support point
+    rewards = torch.where(
+        torch.arange(batch) % 2 == 0,
+        v_min + span * (2.0 * torch.rand(batch, generator=g) - 0.5),
+        torch.randint(-3, 4, (batch,), generator=g).float(),
+    )
+    dones = (torch.rand(batch, generator=g) < 0.3).float()
+    got = c51.project_distribution(next_probs, rewards, dones, gamma, atoms(n, v_min, v_max))
+    expected = naive_projection(next_probs.double().tolist(), rewards.tolist(), dones.tolist(), gamma, v_min, v_max)
+    np.testing.assert_allclose(got.double().numpy(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got.sum(dim=1).numpy(), 1.0, atol=1e-5)  # no mass lost or made
+    log_probs = torch.log_softmax(torch.randn(batch, n, generator=g), dim=1)
+    loss = c51.cross_entropy(got, log_probs)
+    assert loss.item() == pytest.approx(naive_cross_entropy(expected, log_probs.double().tolist()), rel=1e-5)
+
+
+def test_projection_hand_cases():
+    """5 atoms on [-2, 2] (spacing 1), gamma 1: exact landing, clipping at both ends, terminal rewards."""
+    support = atoms(5, -2.0, 2.0)
+    one_hot = torch.eye(5)
+    cases = [  # next distribution, reward, done -> projected target
+        (one_hot[0], 1.0, 0.0, [0, 1, 0, 0, 0]),  # -2 + 1 = -1: exactly on atom 1
+        (one_hot[4], 1.0, 0.0, [0, 0, 0, 0, 1]),  # 2 + 1 = 3: clipped to 2
+        (one_hot[0], -5.0, 0.0, [1, 0, 0, 0, 0]),  # -2 - 5 = -7: clipped to -2
+        (one_hot[1], 0.25, 0.0, [0, 0.75, 0.25, 0, 0]),  # -0.75: split between -1 and 0
+        (one_hot[4], 0.5, 1.0, [0, 0, 0.5, 0.5, 0]),  # terminal: all mass at r = 0.5
+        (torch.full((5,), 0.2), -9.0, 1.0, [1, 0, 0, 0, 0]),  # terminal, reward clipped to -2
+        (torch.full((5,), 0.2), 1.0, 1.0, [0, 0, 0, 1, 0]),  # terminal, reward on atom 3
+    ]
+    next_probs = torch.stack([c[0] for c in cases])
+    rewards = torch.tensor([c[1] for c in cases])
+    dones = torch.tensor([c[2] for c in cases])
+    got = c51.project_distribution(next_probs, rewards, dones, 1.0, support)
+    np.testing.assert_allclose(got.numpy(), [c[3] for c in cases], atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "bug,original,planted",
+    [
+        ("missing 1 - done", "gamma * (1 - dones.unsqueeze(1)) * atoms", "gamma * atoms"),
+        ("no clipping to the support", ".clamp(atoms[0], atoms[-1])", ""),
+        ("too wide a split", ".abs() / delta_z", ".abs() / (2 * delta_z)"),
+    ],
+)
+def test_the_naive_comparison_catches_a_planted_bug(bug, original, planted, tmp_path):
+    source = SCRIPT.read_text()
+    assert source.count(original) == 1
+    broken_path = tmp_path / "broken_c51.py"
+    broken_path.write_text(source.replace(original, planted))
+    broken = load_algorithm(broken_path)
+    g = torch.Generator().manual_seed(0)
+    n, v_min, v_max, gamma, batch = 11, -1.0, 1.0, 0.9, 32
+    next_probs = random_probs(batch, n, g)
+    rewards = 3.0 * torch.randn(batch, generator=g)
+    dones = (torch.rand(batch, generator=g) < 0.5).float()
+    expected = naive_projection(next_probs.double().tolist(), rewards.tolist(), dones.tolist(), gamma, v_min, v_max)
+    for module, should_agree in ((c51, True), (broken, False)):
+        got = module.project_distribution(next_probs, rewards, dones, gamma, atoms(n, v_min, v_max))
+        agrees = np.allclose(got.double().numpy(), expected, rtol=1e-5, atol=1e-6)
+        assert agrees == should_agree, f"{bug}: {'missed' if should_agree else 'went unnoticed'}"
+
+
+# ---------------------------------------------------------------- 2. the target from the networks; terminals
+
+
+def network(seed: int, n_actions: int = 4, n_atoms: int = 11, v_min: float = -1.0, v_max: float = 1.0):
+    """The script's own network with a sharpened head, so that the actions' expected returns differ."""
+    torch.manual_seed(seed)
+    net = c51.QNetwork(n_actions, n_atoms, v_min, v_max)
+    with torch.no_grad():
+        net.head.weight.mul_(30.0)
+    return net
+
+
+def frames(batch: int, seed: int) -> torch.Tensor:
+    """random frame stacks of increasing brightness (so that the network's greedy action varies)"""
+    g = torch.Generator().manual_seed(seed)
+    brightness = torch.linspace(0.05, 1.0, batch).view(batch, 1, 1, 1)
+    return (255 * brightness * torch.rand(batch, 4, 84, 84, generator=g)).to(torch.uint8)
+
+
+def test_network_outputs_and_target_match_naive():
+    net = network(0)
+    next_obs = frames(16, 2)
+    probs = net.distribution(next_obs)
+    assert probs.shape == (16, 4, 11)
+    np.testing.assert_allclose(probs.sum(dim=2).detach().numpy(), 1.0, atol=1e-5)
+    q = net(next_obs)  # forward: the expected returns, what evaluation takes the argmax of
+    np.testing.assert_allclose(q.detach().numpy(), (probs * net.atoms).sum(dim=2).detach().numpy(), atol=1e-6)
+    g = torch.Generator().manual_seed(3)
+    data = SimpleNamespace(
+        next_observations=next_obs, rewards=torch.randn(16, generator=g), dones=torch.tensor([0.0, 1.0] * 8)
+    )
+    got = c51.compute_target_distribution(net, data, 0.9)
+    rows = probs.double().tolist()
+    support = net.atoms.double().tolist()
+    expectations = [[sum(p * z for p, z in zip(row, support, strict=True)) for row in action] for action in rows]
+    best = [max(range(4), key=lambda a, e=e: e[a]) for e in expectations]
+    assert len(set(best)) > 1  # the greedy next action varies, so picking it matters
+    chosen = [rows[k][best[k]] for k in range(16)]
+    expected = naive_projection(chosen, data.rewards.tolist(), data.dones.tolist(), 0.9, -1.0, 1.0)
+    np.testing.assert_allclose(got.double().numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_terminal_transitions_never_bootstrap():
+    """dones = 1: the target is the reward's projection, whatever the next state and the target network."""
+    rewards = torch.tensor([0.5, -0.3, 2.0, -1.0, 0.0, 0.8])
+    dones = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0])
+    targets = []
+    for seed in (1, 2):
+        data = SimpleNamespace(next_observations=frames(6, 10 + seed), rewards=rewards, dones=dones)
+        targets.append(c51.compute_target_distribution(network(seed), data, 0.99))
+    # 11 atoms on [-1, 1], spacing 0.2: 0.5 halfway between 0.4 and 0.6, -0.3 between -0.4 and -0.2,
+    # 2 clipped to 1, -1 and 0 on atoms
+    expected = torch.zeros(5, 11)
+    expected[0, 7], expected[0, 8] = 0.5, 0.5
+    expected[1, 3], expected[1, 4] = 0.5, 0.5
+    expected[2, 10] = 1.0
+    expected[3, 0] = 1.0
+    expected[4, 5] = 1.0
+    for target in targets:
+        np.testing.assert_allclose(target[:5].numpy(), expected.numpy(), atol=1e-5)
+    assert not torch.allclose(targets[0][5], targets[1][5], atol=1e-3)  # a non-terminal one did bootstrap
+
+
+# ---------------------------------------------------------------- 3. learning on the toy tasks
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_c51_reaches_optimal_return_with_sane_values(task, tmp_path):
+    mean, q_value = train(SCRIPT, task, tmp_path)
+    assert mean >= 0.95, f"c51 on {task}: evaluation mean {mean}, optimum 1, random 0.5"
+    assert 0.0 < q_value < 1.3, f"c51 on {task}: mean Q {q_value}, true values lie in [0, 1]"
+
+
+# ---------------------------------------------------------------- 4. end to end on Breakout
+
+TAGS = ["charts/episodic_return", "losses/td_loss", "losses/q_values", "eval/episodic_return", "charts/epsilon"]
+
+
+@pytest.fixture(scope="module")
+def breakout(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("c51_breakout")
+    flags = "--total-timesteps 2500 --learning-starts 1000 --buffer-size 5000 --target-network-frequency 500"
+    flags += " --eval-every 0 --eval-episodes 2 --eval-epsilon 0.05 --save-model --device cpu"
+    done = run_script("c51", *flags.split(), timeout=600, tmp_path=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run] = (tmp_path / "runs").iterdir()
+    return done.stdout, run
+
+
+def test_breakout_run_leaves_the_standard_outputs(breakout):
+    stdout, run = breakout
+    assert re.fullmatch(r"BreakoutNoFrameskip-v4__c51__1__\d+", run.name)
+    assert re.search(r"^global_step=\d+, episodic_return=", stdout, re.M)
+    metrics = re.findall(r"^TRAIN_METRICS step=(\d+) td_loss=(\S+) q_values=(\S+)$", stdout, re.M)
+    assert [int(m[0]) for m in metrics] == [2000]
+    td_loss, q_value = float(metrics[0][1]), float(metrics[0][2])
+    assert 0.0 < td_loss < 10.0  # a cross-entropy over 51 atoms: log(51) = 3.9 against a uniform prediction
+    assert -10.0 <= q_value <= 10.0  # an expectation on the support
+    assert stdout.count("Eval episodic_return: ") == 1 and "Final eval return: " in stdout
+
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    assert set(TAGS) <= set(events.Tags()["scalars"])
+
+    receipt = json.loads((run / "receipt.json").read_text())
+    assert receipt["status"] == "finished" and receipt["algo"] == "c51"
+    assert receipt["counts"]["env_steps"] == 2500
+    assert receipt["counts"]["gradient_updates"] == (2500 - 1000) // 4
+    assert receipt["args"]["n_atoms"] == 51 and receipt["args"]["learning_rate"] == 2.5e-4
+    [evaluation] = json.loads((run / "evaluations.json").read_text())
+    assert evaluation["final"] and evaluation["step"] == 2500 and len(evaluation["episodic_returns"]) == 2
+    assert sum(evaluation["action_histogram"]) == sum(evaluation["episodic_lengths"])
+
+
+def test_breakout_saved_model_evaluates(breakout):
+    """evaluation rebuilds the network as QNetwork(n_actions) and takes the argmax of its forward output"""
+    model = breakout[1] / "c51.cleanrl_model"
+    done = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "1", "--epsilon", "0.05")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Eval episodic_return:" in done.stdout
+
+
+# ---------------------------------------------------------------- 5. bad input for the new flags
+
+
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        ("--n-atoms 1", ["--n-atoms 1", "at least 2"]),
+        ("--n-atoms 0", ["--n-atoms 0"]),
+        ("--v-min 10 --v-max -10", ["--v-min 10.0", "--v-max -10.0", "below"]),
+        ("--v-min 3 --v-max 3", ["--v-min 3.0", "--v-max 3.0"]),
+        ("--v-max inf", ["--v-max inf", "finite"]),
+        ("--v-min nan", ["--v-min nan"]),
+    ],
+)
+def test_bad_flag_stops_early_with_a_message(flags, words, tmp_path):
+    done = run_script("c51", *flags.split(), timeout=120, tmp_path=tmp_path)
+    assert done.returncode != 0, done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    for word in words:
+        assert word in done.stderr, done.stderr
+    runs = tmp_path / "runs"
+    assert not runs.exists() or not any(runs.iterdir())

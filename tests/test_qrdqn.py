@@ -1,0 +1,251 @@
+"""QR-DQN (algos/qrdqn.py): the quantile Huber loss and the quantile targets against naive float64 loops (and
+planted bugs that the comparison catches), no bootstrap after a terminal, the crossing rate, learning on the
+toy tasks, a short Breakout run read back as a user would, and bad flags. No mocks."""
+
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, run_python, run_script
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_learning import TASKS, train
+
+from cleanrl_utils.evaluation import load_algorithm
+
+SCRIPT = REPO / "algos" / "qrdqn.py"
+qrdqn = load_algorithm(SCRIPT)
+
+
+# ---------------------------------------------------------------- naive references (float64, loops)
+
+
+def naive_quantile_huber(quantiles, targets, kappa: float) -> float:
+    """Dabney et al. (2017), eq. 10, one pair (online quantile i, target quantile j) at a time: the Huber
+    loss weighted by tau_i where the target lies above the quantile and by 1 - tau_i where it lies below;
+    summed over i, averaged over j and the batch."""
+    total = 0.0
+    for theta, target in zip(quantiles, targets, strict=True):
+        n = len(theta)
+        for i in range(n):
+            tau = (2 * i + 1) / (2 * n)
+            for t in target:
+                u = float(t) - float(theta[i])
+                huber = 0.5 * u * u if abs(u) <= kappa else kappa * (abs(u) - 0.5 * kappa)
+                weight = 1.0 - tau if u < 0 else tau
+                total += weight * huber / len(target)
+    return total / len(quantiles)
+
+
+def naive_crossing_rate(quantiles) -> float:
+    pairs = crossings = 0
+    for row in quantiles:
+        for i in range(len(row) - 1):
+            pairs += 1
+            crossings += row[i + 1] < row[i]
+    return crossings / pairs
+
+
+# ---------------------------------------------------------------- 1. the loss math against the naive loops
+
+
+@pytest.mark.parametrize("kappa", [1.0, 0.3, 2.5])
+@pytest.mark.parametrize("n,n_target", [(8, 8), (5, 7), (200, 200)])
+def test_quantile_huber_loss_matches_naive_loops(kappa, n, n_target):
+    g = torch.Generator().manual_seed(n + n_target)
+    batch = 16 if n < 200 else 4
+    quantiles = 2.0 * torch.randn(batch, n, generator=g)
+    targets = 2.0 * torch.randn(batch, n_target, generator=g) + 0.5
+    u = targets.unsqueeze(1) - quantiles.unsqueeze(2)
+    # both sides of kappa and both signs of u are exercised
+    assert (u.abs() <= kappa).any() and (u.abs() > kappa).any() and (u < 0).any() and (u > 0).any()
+    got = qrdqn.quantile_huber_loss(quantiles, targets, kappa)
+    expected = naive_quantile_huber(quantiles.double().tolist(), targets.double().tolist(), kappa)
+    assert got.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_quantile_huber_loss_hand_cases():
+    """N = 2 (tau 1/4, 3/4), one target quantile, kappa 1."""
+    loss = qrdqn.quantile_huber_loss
+    target = torch.tensor([[0.0]])
+    # u = 0 - (-0.5) = 0.5 above theta_0 (weight 1/4), u = 0 - 0.5 below theta_1 (weight 1/4): 2 * 1/4 * 0.125
+    assert loss(torch.tensor([[-0.5, 0.5]]), target, 1.0).item() == pytest.approx(0.0625)
+    # u = 3 for both (linear side: 3 - 0.5 = 2.5): 1/4 * 2.5 + 3/4 * 2.5
+    assert loss(torch.tensor([[-3.0, -3.0]]), target, 1.0).item() == pytest.approx(2.5)
+    # u = -3 for both: 3/4 * 2.5 + 1/4 * 2.5; kappa 2: 2 * (3 - 1) = 4 on the linear side
+    assert loss(torch.tensor([[3.0, 3.0]]), target, 1.0).item() == pytest.approx(2.5)
+    assert loss(torch.tensor([[3.0, 3.0]]), target, 2.0).item() == pytest.approx(4.0)
+    # the asymmetry: a target below the low quantile costs 3/4, above it 1/4
+    assert loss(torch.tensor([[0.5, 0.0]]), target, 1.0).item() == pytest.approx(0.75 * 0.125)
+    assert loss(torch.tensor([[-0.5, 0.0]]), target, 1.0).item() == pytest.approx(0.25 * 0.125)
+
+
+@pytest.mark.parametrize(
+    "bug,original,planted",
+    [
+        ("flipped asymmetric weight", "(u.detach() < 0)", "(u.detach() > 0)"),
+        ("left edges i / N instead of midpoints", "+ 1) / (2 * n)", "+ 0) / (2 * n)"),
+        ("kappa ignored by the Huber branch", "u.abs() <= kappa", "u.abs() <= 1.0"),
+    ],
+)
+def test_the_naive_comparison_catches_a_planted_bug(bug, original, planted, tmp_path):
+    source = SCRIPT.read_text()
+    assert source.count(original) == 1
+    broken_path = tmp_path / "broken_qrdqn.py"
+    broken_path.write_text(source.replace(original, planted))
+    broken = load_algorithm(broken_path)
+    g = torch.Generator().manual_seed(0)
+    quantiles, targets = 2.0 * torch.randn(16, 8, generator=g), 2.0 * torch.randn(16, 8, generator=g)
+    expected = naive_quantile_huber(quantiles.double().tolist(), targets.double().tolist(), 0.3)
+    assert qrdqn.quantile_huber_loss(quantiles, targets, 0.3).item() == pytest.approx(expected, rel=1e-5)
+    got = broken.quantile_huber_loss(quantiles, targets, 0.3).item()
+    assert got != pytest.approx(expected, rel=1e-3), f"{bug} went unnoticed"
+
+
+def test_crossing_rate():
+    assert qrdqn.crossing_rate(torch.tensor([[0.0, 1.0, 0.5, 2.0]])) == pytest.approx(1 / 3)
+    assert qrdqn.crossing_rate(torch.tensor([[0.0, 1.0], [1.0, 1.0]])) == 0.0  # ties do not cross
+    assert qrdqn.crossing_rate(torch.tensor([[3.0]])) == 0.0  # one quantile: no pairs
+    g = torch.Generator().manual_seed(0)
+    quantiles = torch.randn(32, 200, generator=g).cumsum(dim=1)
+    assert qrdqn.crossing_rate(quantiles) == pytest.approx(naive_crossing_rate(quantiles.tolist()))
+
+
+# ---------------------------------------------------------------- 2. the target from the networks; terminals
+
+
+def network(seed: int, n_actions: int = 4, n_quantiles: int = 16):
+    torch.manual_seed(seed)
+    return qrdqn.QNetwork(n_actions, n_quantiles)
+
+
+def frames(batch: int, seed: int) -> torch.Tensor:
+    """random frame stacks of increasing brightness (so that the network's greedy action varies)"""
+    g = torch.Generator().manual_seed(seed)
+    brightness = torch.linspace(0.05, 1.0, batch).view(batch, 1, 1, 1)
+    return (255 * brightness * torch.rand(batch, 4, 84, 84, generator=g)).to(torch.uint8)
+
+
+def test_network_outputs_and_target_match_naive():
+    net = network(0)
+    next_obs = frames(16, 2)
+    quantiles = net.quantiles(next_obs)
+    assert quantiles.shape == (16, 4, 16)
+    q = net(next_obs)  # forward: the mean quantile, what evaluation takes the argmax of
+    np.testing.assert_allclose(q.detach().numpy(), quantiles.mean(dim=2).detach().numpy(), atol=1e-6)
+    g = torch.Generator().manual_seed(3)
+    data = SimpleNamespace(
+        next_observations=next_obs, rewards=torch.randn(16, generator=g), dones=torch.tensor([0.0, 1.0] * 8)
+    )
+    got = qrdqn.compute_target_quantiles(net, data, 0.9)
+    rows = quantiles.double().tolist()
+    expected = []
+    for k in range(16):
+        means = [sum(action) / len(action) for action in rows[k]]
+        best = max(range(4), key=lambda a, m=means: m[a])
+        reward, done = data.rewards[k].item(), data.dones[k].item()
+        expected.append([reward + (0.0 if done else 0.9 * theta) for theta in rows[k][best]])
+    np.testing.assert_allclose(got.double().numpy(), expected, rtol=1e-5, atol=1e-6)
+    # with the same quantiles for every action, the greedy choice would not matter: it does here
+    first = [[data.rewards[k].item() + 0.9 * theta for theta in rows[k][0]] for k in range(0, 16, 2)]
+    assert not np.allclose(got[::2].double().numpy(), first, atol=1e-4)
+
+
+def test_terminal_transitions_never_bootstrap():
+    """dones = 1: every target quantile is the reward, whatever the next state and the target network."""
+    rewards = torch.tensor([0.5, -0.3, 2.0, -1.0, 0.0, 0.8])
+    dones = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0])
+    targets = []
+    for seed in (1, 2):
+        data = SimpleNamespace(next_observations=frames(6, 10 + seed), rewards=rewards, dones=dones)
+        targets.append(qrdqn.compute_target_quantiles(network(seed), data, 0.99))
+    for target in targets:
+        assert torch.equal(target[:5], rewards[:5].unsqueeze(1).expand(5, 16))
+    assert not torch.allclose(targets[0][5], targets[1][5], atol=1e-4)  # a non-terminal one did bootstrap
+
+
+# ---------------------------------------------------------------- 3. learning on the toy tasks
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_qrdqn_reaches_optimal_return_with_sane_values(task, tmp_path):
+    mean, q_value = train(SCRIPT, task, tmp_path)
+    assert mean >= 0.95, f"qrdqn on {task}: evaluation mean {mean}, optimum 1, random 0.5"
+    assert 0.0 < q_value < 1.3, f"qrdqn on {task}: mean Q {q_value}, true values lie in [0, 1]"
+
+
+# ---------------------------------------------------------------- 4. end to end on Breakout
+
+TAGS = ["charts/episodic_return", "losses/td_loss", "losses/q_values", "losses/crossing_rate", "eval/episodic_return"]
+
+
+@pytest.fixture(scope="module")
+def breakout(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("qrdqn_breakout")
+    flags = "--total-timesteps 2500 --learning-starts 1000 --buffer-size 5000 --target-network-frequency 500"
+    flags += " --eval-every 0 --eval-episodes 2 --eval-epsilon 0.05 --save-model --device cpu"
+    done = run_script("qrdqn", *flags.split(), timeout=600, tmp_path=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run] = (tmp_path / "runs").iterdir()
+    return done.stdout, run
+
+
+def test_breakout_run_leaves_the_standard_outputs(breakout):
+    stdout, run = breakout
+    assert re.fullmatch(r"BreakoutNoFrameskip-v4__qrdqn__1__\d+", run.name)
+    assert re.search(r"^global_step=\d+, episodic_return=", stdout, re.M)
+    pattern = r"^TRAIN_METRICS step=(\d+) td_loss=(\S+) q_values=(\S+) crossing_rate=(\S+)$"
+    metrics = re.findall(pattern, stdout, re.M)
+    assert [int(m[0]) for m in metrics] == [2000]
+    td_loss, q_value, crossing = (float(v) for v in metrics[0][1:])
+    assert np.isfinite(td_loss) and td_loss >= 0.0 and np.isfinite(q_value)
+    assert 0.0 <= crossing <= 1.0
+    assert stdout.count("Eval episodic_return: ") == 1 and "Final eval return: " in stdout
+
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    assert set(TAGS) <= set(events.Tags()["scalars"])
+
+    receipt = json.loads((run / "receipt.json").read_text())
+    assert receipt["status"] == "finished" and receipt["algo"] == "qrdqn"
+    assert receipt["counts"]["env_steps"] == 2500
+    assert receipt["counts"]["gradient_updates"] == (2500 - 1000) // 4
+    assert receipt["args"]["n_quantiles"] == 200 and receipt["args"]["learning_rate"] == 5e-5
+    [evaluation] = json.loads((run / "evaluations.json").read_text())
+    assert evaluation["final"] and evaluation["step"] == 2500 and len(evaluation["episodic_returns"]) == 2
+    assert sum(evaluation["action_histogram"]) == sum(evaluation["episodic_lengths"])
+
+
+def test_breakout_saved_model_evaluates(breakout):
+    """evaluation rebuilds the network as QNetwork(n_actions) and takes the argmax of its forward output"""
+    model = breakout[1] / "qrdqn.cleanrl_model"
+    done = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "1", "--epsilon", "0.05")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Eval episodic_return:" in done.stdout
+
+
+# ---------------------------------------------------------------- 5. bad input for the new flags
+
+
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        ("--n-quantiles 0", ["--n-quantiles 0", "positive"]),
+        ("--n-quantiles -3", ["--n-quantiles -3"]),
+        ("--kappa 0", ["--kappa 0.0", "> 0"]),
+        ("--kappa -1", ["--kappa -1.0"]),
+        ("--kappa nan", ["--kappa nan"]),
+    ],
+)
+def test_bad_flag_stops_early_with_a_message(flags, words, tmp_path):
+    done = run_script("qrdqn", *flags.split(), timeout=120, tmp_path=tmp_path)
+    assert done.returncode != 0, done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    for word in words:
+        assert word in done.stderr, done.stderr
+    runs = tmp_path / "runs"
+    assert not runs.exists() or not any(runs.iterdir())
