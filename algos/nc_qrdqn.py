@@ -1,0 +1,278 @@
+# Non-crossing QR-DQN (Zhou, Wang and Feng, NeurIPS 2020): QR-DQN (Dabney et al. 2018) whose head makes the
+# quantiles non-decreasing by construction (softmax increments, cumulative sum, a non-negative range and a free
+# location per action); QR-DQN's Atari settings from sb3-contrib and rl-baselines3-zoo; docs in README.md
+import os
+import random
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+import tyro
+
+from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
+from cleanrl_utils.checks import check_memory, fail, pick_device, validate_common_args
+from cleanrl_utils.encoder import NatureCNN, check_encoder
+from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
+from cleanrl_utils.evaluation import evaluate
+from cleanrl_utils.run import Run
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    device: str = "auto"
+    """auto (CUDA, then MPS, then CPU), cuda, mps or cpu"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "value-atari"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to record the evaluation games as MP4 in the run folder"""
+    save_model: bool = False
+    """whether to save the model into the run folder"""
+    run_dir: str = "runs"
+    """the folder that receives the run folder"""
+
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """the id of the environment"""
+    total_timesteps: int = 10_000_000
+    """total agent steps of the experiment, summed over environments"""
+    learning_rate: float = 5e-5
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel game environments"""
+    buffer_size: int = 1_000_000
+    """the replay memory buffer size"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 1.0
+    """the target network update rate"""
+    target_network_frequency: int = 10_000
+    """the agent steps it takes to update the target network"""
+    batch_size: int = 32
+    """the batch size of sample from the replay memory"""
+    start_e: float = 1.0
+    """the starting epsilon for exploration"""
+    end_e: float = 0.01
+    """the ending epsilon for exploration"""
+    exploration_fraction: float = 0.025
+    """the fraction of `total-timesteps` it takes from start-e to go end-e"""
+    learning_starts: int = 50_000
+    """agent steps to start learning"""
+    train_frequency: int = 4
+    """agent steps per gradient update, whatever the number of environments"""
+    eval_every: int = 500_000
+    """agent steps between evaluations (0: only the final one)"""
+    eval_episodes: int = 10
+    """whole games per evaluation"""
+    eval_epsilon: float = 0.01
+    """epsilon of the evaluation policy (0: greedy)"""
+    adam_eps: float = 0.01 / 32
+    """the epsilon of the Adam optimizer (QR-DQN's 0.01 / batch size 32)"""
+    n_quantiles: int = 200
+    """the number of quantiles per action, tau_i = (2i + 1) / (2N)"""
+    kappa: float = 1.0
+    """the threshold of the quantile Huber loss"""
+
+
+class QNetwork(nn.Module):
+    def __init__(self, n_actions: int, n_quantiles: int = 200):
+        super().__init__()
+        self.encoder = NatureCNN()
+        self.n_actions, self.n_quantiles = n_actions, n_quantiles
+        self.logits = nn.Linear(512, n_actions * n_quantiles)  # the quantile logit network
+        self.scale = nn.Linear(512, n_actions * 2)  # the scale factor network: range alpha, location beta
+
+    def quantiles(self, x):
+        """(B, n_actions, n_quantiles), non-decreasing along the last axis"""
+        features = self.encoder(x)
+        logits = self.logits(features).view(-1, self.n_actions, self.n_quantiles)
+        scale = self.scale(features).view(-1, self.n_actions, 2)
+        return non_crossing_quantiles(logits, scale)
+
+    def forward(self, x):
+        return self.quantiles(x).mean(dim=2)  # Q-values: the mean of the quantiles
+
+
+def non_crossing_quantiles(logits, scale):
+    """q_i = alpha * sum_{j <= i} softmax(logits)_j + beta, alpha = ReLU(scale[..., 0]) >= 0, beta = scale[..., 1]"""
+    psi = torch.softmax(logits, dim=-1).cumsum(dim=-1)
+    psi = psi.cummax(dim=-1).values  # exact; guards a parallel (GPU) scan's 1-ulp rounding, a no-op otherwise
+    return F.relu(scale[..., :1]) * psi + scale[..., 1:]
+
+
+def quantile_td_target(next_quantiles, rewards, dones, gamma: float):
+    """r + gamma * theta_j(s', a*), a* = argmax_a' mean_j theta_j(s', a') of the target network's quantiles
+    (B, A, N); no bootstrap after a terminal"""
+    next_actions = next_quantiles.mean(dim=2).argmax(dim=1)
+    next_best = next_quantiles[torch.arange(len(next_actions), device=next_quantiles.device), next_actions]
+    return rewards.unsqueeze(1) + gamma * next_best * (1 - dones.unsqueeze(1))
+
+
+def quantile_huber_loss(quantiles, target_quantiles, kappa: float):
+    """Dabney et al. (2018): |tau_i - 1{u_ij < 0}| * huber_kappa(u_ij) / kappa, u_ij = target_j - quantile_i,
+    tau_i = (2i + 1) / (2N); summed over the quantiles i, averaged over the targets j and the batch"""
+    n = quantiles.shape[1]
+    taus = (torch.arange(n, device=quantiles.device, dtype=quantiles.dtype).view(1, -1, 1) + 0.5) / n
+    online, target = torch.broadcast_tensors(quantiles.unsqueeze(2), target_quantiles.unsqueeze(1))  # (B, N, N')
+    huber = F.huber_loss(online, target, reduction="none", delta=kappa)
+    weight = torch.where(target < online, 1 - taus, taus)  # |tau_i - 1{u_ij < 0}|
+    return (weight * huber).sum(dim=1).mean() / kappa
+
+
+def crossing_rate(quantiles):
+    """the fraction of adjacent quantile pairs (i, i + 1) with q_{i+1} < q_i, over (B, N) quantiles"""
+    return (quantiles.diff(dim=-1) < 0).float().mean()
+
+
+def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
+    slope = (end_e - start_e) / duration
+    return max(slope * t + start_e, end_e)
+
+
+if __name__ == "__main__":
+    setup_start = time.perf_counter()
+    args = tyro.cli(Args)
+    validate_common_args(args)
+    if args.n_quantiles < 2:
+        fail(f"--n-quantiles {args.n_quantiles} must be >= 2 (a distribution needs two quantiles; QR-DQN uses 200)")
+    if not args.kappa > 0.0:
+        fail(f"--kappa {args.kappa} must be > 0 (the quantile Huber threshold; QR-DQN uses 1)")
+    if not args.adam_eps > 0.0:
+        fail(f"--adam-eps {args.adam_eps} must be > 0 (QR-DQN uses 0.01 / 32 = 3.125e-4)")
+    try:
+        check_env_id(args.env_id)
+    except EnvIdError as error:
+        fail(str(error))
+    check_memory(args.buffer_size, bytes_per_transition())
+    device = pick_device(args.device)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    try:
+        envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed)
+    except EnvIdError as error:
+        fail(str(error))
+    q_network = QNetwork(envs.n_actions, args.n_quantiles).to(device)
+    check_encoder(q_network.encoder)
+    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    target_network = QNetwork(envs.n_actions, args.n_quantiles).to(device)
+    target_network.load_state_dict(q_network.state_dict())
+    rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed)
+    rng = np.random.default_rng(args.seed)
+    run = Run(args, __file__, device)  # the run folder appears once everything is allocated
+    run.timings["setup"] += time.perf_counter() - setup_start
+
+    obs = envs.reset()
+    global_step, update_credit, start_time = 0, 0, time.time()
+    while global_step < args.total_timesteps:
+        previous_step = global_step
+        epsilon = linear_schedule(
+            args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+        )
+        with run.timed("acting"):
+            actions = rng.integers(0, envs.n_actions, args.num_envs)
+            greedy = rng.random(args.num_envs) >= epsilon
+            if greedy.any():
+                with torch.no_grad():
+                    q_values = q_network(torch.as_tensor(obs[greedy], device=device))
+                actions[greedy] = q_values.argmax(dim=1).cpu().numpy()
+        with run.timed("environment"):
+            step = envs.step(actions)
+        global_step += args.num_envs
+        run.counts["env_steps"] = global_step
+        for _, episodic_return, length in step.episode_returns:
+            run.episode(global_step, episodic_return, length)
+
+        # the step after a game ends returns the reset observation: not a transition (mask)
+        rb.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
+        run.counts["transitions_stored"] += int(step.mask.sum())
+        obs = step.next_obs
+
+        if global_step > args.learning_starts:
+            update_credit += args.num_envs
+            while update_credit >= args.train_frequency:  # one update per train_frequency agent steps
+                update_credit -= args.train_frequency
+                with run.timed("learning"):
+                    data = rb.sample(args.batch_size)
+                    with torch.no_grad():
+                        next_quantiles = target_network.quantiles(data.next_observations)
+                        td_target = quantile_td_target(next_quantiles, data.rewards, data.dones, args.gamma)
+                    quantiles = q_network.quantiles(data.observations)[
+                        torch.arange(args.batch_size, device=device), data.actions
+                    ]
+                    loss = quantile_huber_loss(quantiles, td_target, args.kappa)
+
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                run.counts["gradient_updates"] += 1
+
+            if global_step // 1000 > previous_step // 1000 and run.counts["gradient_updates"] > 0:
+                td_loss, q_mean = loss.item(), quantiles.mean().item()
+                if not (np.isfinite(td_loss) and np.isfinite(q_mean)):
+                    run.close(status="failed: non-finite loss")
+                    fail(f"non-finite td_loss={td_loss} or q_values={q_mean} at step {global_step}; stopping")
+                metrics = {"crossing_rate": crossing_rate(quantiles).item()}
+                run.train_metrics(global_step, {"td_loss": td_loss, "q_values": q_mean, **metrics})
+
+            # update target network
+            if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
+                for target_param, q_param in zip(target_network.parameters(), q_network.parameters(), strict=True):
+                    target_param.data.copy_(args.tau * q_param.data + (1.0 - args.tau) * target_param.data)
+
+        if global_step // 100 > previous_step // 100:
+            sps = global_step / (time.time() - start_time)
+            run.scalar("charts/SPS", int(sps), global_step)
+            run.scalar("charts/epsilon", epsilon, global_step)
+            run.show_progress(global_step, args.total_timesteps, sps)
+
+        if (
+            args.eval_every
+            and global_step // args.eval_every > previous_step // args.eval_every
+            and global_step < args.total_timesteps
+        ):
+            with run.timed("evaluation"):
+                result = evaluate(
+                    q_network,
+                    args.env_id,
+                    envs.n_actions,
+                    device,
+                    args.eval_episodes,
+                    args.eval_epsilon,
+                    seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
+                    video_path=run.video_path(global_step),
+                )
+            run.evaluation(global_step, result)
+            run.write_receipt()
+
+    with run.timed("evaluation"):
+        result = evaluate(
+            q_network,
+            args.env_id,
+            envs.n_actions,
+            device,
+            args.eval_episodes,
+            args.eval_epsilon,
+            seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
+            video_path=run.video_path(global_step),
+        )
+    run.evaluation(global_step, result, final=True)
+    if args.save_model:
+        run.save_model(q_network, envs.n_actions, n_quantiles=args.n_quantiles)
+    envs.close()
+    run.close()
