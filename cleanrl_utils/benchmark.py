@@ -18,6 +18,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
+
+from cleanrl_utils.checks import fail
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ALGOS_DIR = REPO_ROOT / "algos"
@@ -114,7 +117,7 @@ def run_local(specs: list[RunSpec], run_dir: Path, logs: Path, extra: list[str],
 
     env = run_environment(threads)
     pending = list(specs)
-    running: dict[str, tuple[subprocess.Popen, RunSpec, Path, int]] = {}
+    running: dict[str, tuple[subprocess.Popen, RunSpec, Path, IO[str]]] = {}
     results: dict[str, int] = {}
     total = total_timesteps(extra)
     columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), TimeElapsedColumn()]
@@ -168,11 +171,6 @@ def run_ray(specs: list[RunSpec], run_dir: Path, logs: Path, extra: list[str], a
         print(f"{name}: {'finished' if results[name] == 0 else f'FAILED (exit {results[name]})'}", flush=True)
     ray.shutdown()
     return results
-
-
-def fail(message: str):
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

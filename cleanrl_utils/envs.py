@@ -24,6 +24,8 @@ import numpy as np
 from ale_py.vector_env import AtariVectorEnv
 from gymnasium.vector import AutoresetMode
 
+from cleanrl_utils.scores import game_name
+
 gym.register_envs(ale_py)
 
 OBSERVATION_SHAPE = (4, 84, 84)
@@ -56,20 +58,20 @@ def check_env_id(env_id: str) -> None:
         except ImportError as error:
             raise EnvIdError(f"--env-id {env_id}: cannot import module {module!r} ({error})") from None
     name = env_id.split(":")[-1]
-    if name in gym.registry and not name.startswith("ALE/") and not name.endswith("-v4"):
-        return
-    if name.startswith("ALE/") or (name in gym.registry and "ale_py" in str(gym.registry[name].entry_point)):
-        game = name.removeprefix("ALE/").split("-")[0]
+    from_ale = name in gym.registry and "ale_py" in str(gym.registry[name].entry_point)
+    if name in gym.registry and not from_ale:
+        return  # observation shape and action space are checked when the environments are made
+    if name.startswith("ALE/") or from_ale:
+        game = game_name(name)
         raise EnvIdError(
             f"--env-id {env_id} is an ALE id without the training protocol (it gives RGB frames, "
             f"sticky actions or frame skipping of its own); use --env-id {game}NoFrameskip-v4"
         )
     others = [k for k, spec in gym.registry.items() if "ale_py" not in str(spec.entry_point)]
-    choices = list(dict.fromkeys(atari_ids() + others))
-    close = difflib.get_close_matches(name, choices, n=5, cutoff=0.5)
-    if not close:
-        lowered = {c.lower(): c for c in choices}
-        close = [lowered[c] for c in difflib.get_close_matches(name.lower(), list(lowered), n=5)]
+    close = difflib.get_close_matches(name, atari_ids() + others, n=5, cutoff=0.5)
+    if not close:  # a misspelt game name without the suffix, e.g. "Pongg" or "breakout"
+        games = {i.removesuffix("NoFrameskip-v4").lower(): i for i in atari_ids()}
+        close = [games[g] for g in difflib.get_close_matches(game_name(name).lower(), list(games), n=5)]
     hint = f"; did you mean {', '.join(close)}?" if close else "; Atari games look like BreakoutNoFrameskip-v4"
     raise EnvIdError(f"--env-id {env_id} is not a known environment{hint}")
 

@@ -226,7 +226,7 @@ class Run:
             "status": self.status,
             "algo": self.algo,
             "command": [sys.executable, *sys.argv],
-            "args": {k: v for k, v in dataclasses.asdict(self.args).items()},
+            "args": dataclasses.asdict(self.args),
             "seed": self.args.seed,
             "run_dir": str(self.dir),
             "git": git_revision(),

@@ -104,7 +104,11 @@ def test_time_limit_is_108k_frames_a_truncation_not_a_terminal():
 
 @pytest.mark.parametrize(
     "env_id,hint",
-    [("BreakoutNoFrameskp-v4", "BreakoutNoFrameskip-v4"), ("ALE/Pong-v5", "PongNoFrameskip-v4"), ("Pongg", "Pong")],
+    [
+        ("BreakoutNoFrameskp-v4", "BreakoutNoFrameskip-v4"),
+        ("ALE/Pong-v5", "PongNoFrameskip-v4"),
+        ("Pongg", "did you mean PongNoFrameskip-v4"),
+    ],
 )
 def test_unknown_or_unsuitable_ids_are_refused_with_close_matches(env_id, hint):
     with pytest.raises(EnvIdError, match=hint):
