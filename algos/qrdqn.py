@@ -4,6 +4,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -12,6 +13,7 @@ import torch.optim as optim
 import tyro
 
 from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
+from cleanrl_utils.checkpoint import Checkpointer, continue_run
 from cleanrl_utils.checks import check_memory, fail, pick_device, validate_common_args
 from cleanrl_utils.encoder import NatureCNN, check_encoder
 from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
@@ -41,6 +43,16 @@ class Args:
     """whether to save the model into the run folder"""
     run_dir: str = "runs"
     """the folder that receives the run folder"""
+    checkpoint_every: int = 250_000
+    """agent steps between checkpoints (0: only on SIGINT/SIGTERM); shorter runs write none"""
+    checkpoint_buffer: bool = False
+    """whether checkpoints hold the replay memory too (exact resume; ~7 GB per 1M transitions)"""
+    checkpoint_keep: int = 3
+    """how many of the newest checkpoints to keep"""
+    resume: str | None = None
+    """a run folder (its newest checkpoint) or one checkpoint folder to continue, in the same run folder"""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """on a non-finite loss: stop the run (its checkpoints kept), or skip that update"""
 
     env_id: str = "BreakoutNoFrameskip-v4"
     """the id of the environment"""
@@ -136,6 +148,7 @@ def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
 if __name__ == "__main__":
     setup_start = time.perf_counter()
     args = tyro.cli(Args)
+    args, resumed = continue_run(args, __file__)  # --resume: the run's own settings; a bad checkpoint stops here
     validate_common_args(args)
     if args.n_quantiles < 1:
         fail(f"--n-quantiles {args.n_quantiles} must be a positive integer; use e.g. --n-quantiles 200")
@@ -164,11 +177,20 @@ if __name__ == "__main__":
     target_network.load_state_dict(q_network.state_dict())
     rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed)
     rng = np.random.default_rng(args.seed)
-    run = Run(args, __file__, device)  # the run folder appears once everything is allocated
+    run = Run(args, __file__, device, resumed)  # the run folder appears once everything is allocated
+    checkpointer = Checkpointer(
+        run,
+        resumed,
+        q_network=q_network,
+        target_network=target_network,
+        optimizer=optimizer,
+        replay=rb,
+        envs=envs,
+        rng=rng,
+    )
     run.timings["setup"] += time.perf_counter() - setup_start
 
-    obs = envs.reset()
-    global_step, update_credit, start_time = 0, 0, time.time()
+    obs, global_step, update_credit, start_time = checkpointer.start()  # a fresh start, or where the checkpoint left
     while global_step < args.total_timesteps:
         previous_step = global_step
         epsilon = linear_schedule(
@@ -193,7 +215,7 @@ if __name__ == "__main__":
         run.counts["transitions_stored"] += int(step.mask.sum())
         obs = step.next_obs
 
-        if global_step > args.learning_starts:
+        if global_step > checkpointer.learning_starts:
             update_credit += args.num_envs
             while update_credit >= args.train_frequency:  # one update per train_frequency agent steps
                 update_credit -= args.train_frequency
@@ -206,16 +228,17 @@ if __name__ == "__main__":
 
                     optimizer.zero_grad()
                     loss.backward()
+                    if args.on_nonfinite == "skip" and not torch.isfinite(loss):  # host sync only in skip mode
+                        run.counts["skipped_updates"] += 1
+                        continue
                     optimizer.step()
                 run.counts["gradient_updates"] += 1
 
             if global_step // 1000 > previous_step // 1000 and run.counts["gradient_updates"] > 0:
-                td_loss, q_mean = loss.item(), old_val.mean().item()
-                if not (np.isfinite(td_loss) and np.isfinite(q_mean)):
-                    run.close(status="failed: non-finite loss")
-                    fail(f"non-finite td_loss={td_loss} or q_values={q_mean} at step {global_step}; stopping")
+                # the only host synchronisation of the loop; a non-finite value stops the run here
+                td_loss, q_mean = loss, old_val.mean()
                 metrics = {"td_loss": td_loss, "q_values": q_mean, "crossing_rate": crossing_rate(quantiles)}
-                run.train_metrics(global_step, metrics)
+                run.train_metrics(global_step, metrics, q_network)
 
             # update target network
             if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
@@ -246,6 +269,9 @@ if __name__ == "__main__":
                 )
             run.evaluation(global_step, result)
             run.write_receipt()
+
+        if checkpointer.due(global_step, previous_step):  # periodic, or after SIGINT/SIGTERM (then exits 0)
+            checkpointer.save(global_step, obs, update_credit, start_time)
 
     with run.timed("evaluation"):
         result = evaluate(

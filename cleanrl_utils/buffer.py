@@ -72,6 +72,15 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return int(self.valid.sum())
 
+    def cut_episodes(self) -> None:
+        """The games in progress are gone (a resumed run starts new ones): their last stored
+        transitions become episode ends, which bootstrap like a time limit, and the next ``add``
+        starts a new stack."""
+        for env in np.flatnonzero(self.open):
+            last = (self.cursor[env] - 1) % self.capacity
+            self.ends[env, last] = self.valid[env, last]
+        self.open[:] = False
+
     def _write(self, env: int, frame: np.ndarray, transition: tuple | None) -> None:
         j = self.cursor[env]
         cap = self.capacity

@@ -59,6 +59,10 @@ def validate_common_args(args: Any) -> None:
             fail(f"--{name.replace('_', '-')} {value} must be in [0, 1]")
     if args.start_e < args.end_e:
         fail(f"--start-e {args.start_e} is below --end-e {args.end_e}; epsilon decays from start to end")
+    if getattr(args, "checkpoint_every", 0) < 0:
+        fail(f"--checkpoint-every {args.checkpoint_every} must be >= 0 (0: checkpoint only on SIGINT/SIGTERM)")
+    if getattr(args, "checkpoint_keep", 1) < 1:
+        fail(f"--checkpoint-keep {args.checkpoint_keep} must be >= 1 (the newest checkpoints kept)")
     if not 0.0 < args.exploration_fraction <= 1.0:
         fail(f"--exploration-fraction {args.exploration_fraction} must be in (0, 1]")
 
@@ -78,21 +82,32 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def check_memory(buffer_size: int, bytes_per_transition: int) -> None:
-    """Refuse a replay buffer that cannot fit in this machine's memory, with the figure it needs."""
+def check_memory(buffer_size: int, bytes_per_transition: int, buffer_device: str = "cpu") -> None:
+    """Preflight, before allocating: refuse a replay buffer that cannot fit (with the figures), warn
+    where only swap or overcommit could carry it. A buffer on a CUDA GPU is compared with its memory."""
     need = buffer_size * bytes_per_transition
-    total = psutil.virtual_memory().total
-    available = psutil.virtual_memory().available
-    if need > total:
+    figures = (
+        f"--buffer-size {buffer_size:,} needs {need / 2**30:.1f} GiB ({bytes_per_transition:,} bytes per transition)"
+    )
+    if str(buffer_device).startswith("cuda"):
+        free, total = torch.cuda.mem_get_info(torch.device(buffer_device))
+        if need > free:
+            fail(
+                f"{figures} on {buffer_device}, which has {free / 2**30:.1f} of {total / 2**30:.1f} GiB free; "
+                f"lower --buffer-size to at most {int(free * 0.8) // bytes_per_transition:,} or keep the buffer in RAM"
+            )
+        return
+    memory = psutil.virtual_memory()
+    swap = psutil.swap_memory()
+    if need > memory.total + swap.free:
         fail(
-            f"--buffer-size {buffer_size:,} needs {need / 2**30:.1f} GiB of replay memory "
-            f"({bytes_per_transition:,} bytes per transition) but this machine has "
-            f"{total / 2**30:.1f} GiB in all; lower --buffer-size to at most "
-            f"{int(available * 0.8) // bytes_per_transition:,}"
+            f"{figures} but this machine has {memory.total / 2**30:.1f} GiB of memory and "
+            f"{swap.free / 2**30:.1f} GiB of free swap; lower --buffer-size to at most "
+            f"{int(memory.available * 0.8) // bytes_per_transition:,}"
         )
-    if need > available:
+    if need > memory.available:
         print(
-            f"warning: --buffer-size {buffer_size:,} needs {need / 2**30:.1f} GiB, more than the "
-            f"{available / 2**30:.1f} GiB available now; the run may swap or be killed when it fills",
+            f"warning: {figures}, more than the {memory.available / 2**30:.1f} GiB available now; "
+            "the run may swap or be killed when the buffer fills",
             file=sys.stderr,
         )

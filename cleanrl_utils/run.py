@@ -81,17 +81,26 @@ def peak_memory_bytes() -> int:
 class Run:
     """Everything a run writes. The algorithm scripts call it; it never decides anything."""
 
-    def __init__(self, args: Any, script: str, device: torch.device) -> None:
+    def __init__(self, args: Any, script: str, device: torch.device, resumed: Any = None) -> None:
+        """``resumed`` (a checkpoint read back): continue in its run folder; TensorBoard drops what the
+        interrupted run logged after the checkpoint (``purge_step``), so curves have no duplicate steps."""
         self.start = time.time()
         self.args = args
         self.script = str(Path(script).resolve())
         self.algo = Path(script).stem
         self.device = device
-        self.name = (
-            f"{args.env_id.replace('/', '_').replace(':', '_')}__{args.exp_name}__{args.seed}__{int(self.start)}"
-        )
-        self.dir = Path(args.run_dir) / self.name
-        self.dir.mkdir(parents=True, exist_ok=False)
+        if resumed is None:
+            self.name = (
+                f"{args.env_id.replace('/', '_').replace(':', '_')}__{args.exp_name}__{args.seed}__{int(self.start)}"
+            )
+            self.dir = Path(args.run_dir) / self.name
+            self.dir.mkdir(parents=True, exist_ok=False)
+        else:
+            self.dir = resumed.run_dir
+            self.name = self.dir.name
+        self.last_checkpoint = None if resumed is None else resumed.path
+        self.resumes: list[dict[str, Any]] = []
+        self.wall_before = 0.0 if resumed is None else float(resumed.state["wall_seconds"])
         self.timings: dict[str, float] = defaultdict(float)
         self.counts = {
             "env_steps": 0,
@@ -100,17 +109,21 @@ class Run:
             "train_episodes": 0,
             "eval_episodes": 0,
             "evaluations": 0,
+            "skipped_updates": 0,
         }
         self.evaluations: list[dict[str, Any]] = []
         self.last_return: float | None = None
         self.status = "running"
         if args.track:
             self._start_wandb()
-        self.writer = SummaryWriter(str(self.dir))
-        self.writer.add_text(
-            "hyperparameters",
-            "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()),
-        )
+        if resumed is None:
+            self.writer = SummaryWriter(str(self.dir))
+            self.writer.add_text(
+                "hyperparameters",
+                "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()),
+            )
+        else:
+            self.writer = SummaryWriter(str(self.dir), purge_step=resumed.step + 1)
         self.progress = None
         self.interactive = sys.stderr.isatty() and not os.environ.get("CI")
         self.last_progress_print = time.time()
@@ -149,12 +162,38 @@ class Run:
         self.writer.add_scalar("charts/episodic_return", episodic_return, global_step)
         self.writer.add_scalar("charts/episodic_length", length, global_step)
 
-    def train_metrics(self, global_step: int, metrics: dict[str, float]) -> None:
-        """Log ``losses/*`` scalars and the TRAIN_METRICS line (called every 1000 steps)."""
-        for key, value in metrics.items():
+    def train_metrics(
+        self, global_step: int, metrics: dict[str, float | torch.Tensor], network: torch.nn.Module | None = None
+    ) -> None:
+        """Log ``losses/*`` scalars and the TRAIN_METRICS line (called every 1000 steps: the only host
+        synchronisation of the training loop). A non-finite metric stops the run (``--on-nonfinite
+        stop``; ``skip`` only logs it, its update was skipped), as do non-finite network weights."""
+        values = {
+            key: float(value.detach()) if torch.is_tensor(value) else float(value) for key, value in metrics.items()
+        }
+        for key, value in values.items():
             self.writer.add_scalar(f"losses/{key}", value, global_step)
-        fields = " ".join(f"{k}={v:.6g}" for k, v in metrics.items())
+        fields = " ".join(f"{k}={v:.6g}" for k, v in values.items())
         self.print(f"TRAIN_METRICS step={global_step} {fields}")
+        bad = [f"{k}={v}" for k, v in values.items() if not np.isfinite(v)]
+        if bad and getattr(self.args, "on_nonfinite", "stop") == "stop":
+            self.stop_nonfinite(global_step, ", ".join(bad))
+        if network is not None and not all(torch.isfinite(p).all() for p in network.parameters()):
+            self.stop_nonfinite(global_step, "network weights")
+
+    def stop_nonfinite(self, global_step: int, what: str) -> None:
+        """Stop with the step and the metric; the checkpoints already written stay as they are."""
+        if self.last_checkpoint is not None:
+            keep = f"the last good checkpoint is {self.last_checkpoint} (resume with --resume {self.dir})"
+        else:
+            keep = "no checkpoint was written before it"
+        print(f"error: non-finite {what} at step {global_step}; stopping: {keep}", file=sys.stderr, flush=True)
+        self.close(status=f"failed: non-finite {what} at step {global_step}")
+        raise SystemExit(1)
+
+    def flush(self) -> None:
+        self.writer.flush()
+        self.write_receipt()
 
     def scalar(self, tag: str, value: float, global_step: int) -> None:
         self.writer.add_scalar(tag, value, global_step)
@@ -236,9 +275,11 @@ class Run:
             "hardware": hardware(self.device),
             "counts": dict(self.counts),
             "timings_seconds": {k: round(v, 3) for k, v in self.timings.items()},
-            "wall_seconds": round(time.time() - self.start, 3),
+            "wall_seconds": round(self.wall_before + time.time() - self.start, 3),
             "peak_process_memory_bytes": peak_memory_bytes(),
             "final_eval_return": next((e["mean"] for e in reversed(self.evaluations) if e["final"]), None),
+            "last_checkpoint": None if self.last_checkpoint is None else str(self.last_checkpoint),
+            "resumes": self.resumes,
         }
         if self.device.type == "cuda":
             receipt["peak_cuda_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)

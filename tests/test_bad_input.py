@@ -42,6 +42,10 @@ CASES = [
     case("--device", "cuda", words=["--device cuda"], skip=CUDA),
     case("--device", "mps", words=["--device mps"], skip=MPS),
     case("--buffer-size", "100000000000", words=["--buffer-size", "GiB"]),
+    case("--checkpoint-every", "-1", words=["--checkpoint-every"]),
+    case("--checkpoint-keep", "0", words=["--checkpoint-keep"]),
+    case("--resume", "runs/no_such_run", words=["--resume", "no such run folder"]),
+    case("--on-nonfinite", "ignore", words=["--on-nonfinite"]),
 ]
 
 

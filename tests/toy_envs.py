@@ -45,6 +45,18 @@ class _StackedTask(gym.Env):
         self.stack = np.concatenate([self.stack[1:], frame[None]])
         return self.stack.copy()
 
+    # Checkpoints save and restore an environment that offers these (cleanrl_utils.checkpoint).
+    def get_state(self) -> dict:
+        state = {k: v for k, v in vars(self).items() if k in ("cue", "phase", "good")}
+        return {**state, "stack": self.stack.copy(), "rng": self.np_random.bit_generator.state}
+
+    def set_state(self, state: dict) -> None:
+        for key in ("cue", "phase", "good"):
+            if key in state:
+                setattr(self, key, state[key])
+        self.stack = state["stack"].copy()
+        self.np_random.bit_generator.state = state["rng"]
+
     def _start(self, seed: int | None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         self.cue = int(self.np_random.integers(2))

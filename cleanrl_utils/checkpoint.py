@@ -1,0 +1,497 @@
+"""Checkpoints that let a run continue exactly: atomic writes, the last K kept, safe loading, signals.
+
+A checkpoint is a folder ``RUN_DIR/checkpoints/step_000000123456/`` with ``state.pt`` (networks,
+optimizer, counters, every RNG, environment state where the environments allow it, evaluations so
+far; loaded with ``torch.load(weights_only=True)``, so it cannot run code) and, with
+``--checkpoint-buffer``, ``replay/*.npy`` (plain arrays, loaded with ``allow_pickle=False``).
+It is written as ``step_....tmp``, every file fsynced, then renamed: a checkpoint folder without
+``.tmp`` is complete. SIGINT/SIGTERM ask the loop to finish its step, checkpoint and exit 0; a
+second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cleanrl_utils.checks import fail
+from cleanrl_utils.run import write_json_atomic
+
+FORMAT_VERSION = 1
+PREFIX = "step_"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message says why and what to do."""
+
+
+# ---------------------------------------------------------------- plain data <-> weights_only-safe data
+
+
+def _encode(value: Any) -> Any:
+    """NumPy arrays become tensors (``torch.load(weights_only=True)`` refuses NumPy objects)."""
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": torch.from_numpy(np.ascontiguousarray(value).copy())}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: _encode(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_encode(v) for v in value)
+    return value
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {"__ndarray__"}:
+            return value["__ndarray__"].numpy()
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_decode(v) for v in value)
+    return value
+
+
+def array_state(obj: Any) -> dict[str, Any]:
+    """The NumPy arrays, tensors, scalars and NumPy generators held by ``obj`` (one level of nesting,
+    e.g. a sum tree inside a buffer): what a replay buffer or an environment vector needs to continue."""
+    state: dict[str, Any] = {}
+    for name, value in vars(obj).items():
+        if isinstance(value, np.ndarray):
+            state[name] = value
+        elif isinstance(value, torch.Tensor):
+            state[name] = value.detach().cpu().numpy()
+        elif isinstance(value, np.random.Generator):
+            state[name] = {"__generator__": value.bit_generator.state}
+        elif isinstance(value, (bool, int, float)) and not name.startswith("_"):
+            state[name] = value
+        elif hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, torch.device, type)):
+            inner = {k: v for k, v in vars(value).items() if isinstance(v, np.ndarray)}
+            if inner:
+                state[name] = {"__object__": inner}
+    return state
+
+
+def load_array_state(obj: Any, state: dict[str, Any], what: str) -> None:
+    """Put ``array_state``'s arrays back, refusing shapes or dtypes that differ from ``obj``'s own."""
+    for name, value in state.items():
+        current = getattr(obj, name, None)
+        if isinstance(value, dict) and "__generator__" in value:
+            current.bit_generator.state = value["__generator__"]
+        elif isinstance(value, dict) and "__object__" in value:
+            load_array_state(current, value["__object__"], f"{what}.{name}")
+        elif isinstance(current, torch.Tensor):
+            _check_array(current.cpu().numpy(), value, f"{what}.{name}")
+            current.copy_(torch.from_numpy(value))
+        elif isinstance(current, np.ndarray):
+            _check_array(current, value, f"{what}.{name}")
+            current[...] = value
+        else:
+            setattr(obj, name, value)
+
+
+def _check_array(current: np.ndarray, saved: np.ndarray, name: str) -> None:
+    if current.shape != saved.shape or current.dtype != saved.dtype:
+        raise CheckpointError(
+            f"{name} is {saved.dtype}{list(saved.shape)} in the checkpoint but {current.dtype}{list(current.shape)} "
+            "in this run (different --buffer-size, --num-envs or game?)"
+        )
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _save_array(path: Path, array: np.ndarray) -> None:
+    with open(path, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def rng_state() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(legacy=False),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------- environments
+
+
+TRAIN_ENVS_FIELDS = ("lives", "pending_reset", "returns", "lengths")
+
+
+def environment_state(envs: Any) -> dict[str, Any] | None:
+    """TrainEnvs' own counters plus each environment's state (``get_state()``), or None where the
+    environments cannot give theirs (ale-py's vector environment cannot: a resumed run then starts
+    new games)."""
+    inner = getattr(envs.envs, "envs", None)  # Gymnasium's SyncVectorEnv keeps its environments here
+    if inner is None or not all(hasattr(env.unwrapped, "get_state") for env in inner):
+        return None
+    return {
+        "train_envs": {name: getattr(envs, name).copy() for name in TRAIN_ENVS_FIELDS},
+        "autoreset": np.asarray(envs.envs._autoreset_envs).copy(),
+        "envs": [env.unwrapped.get_state() for env in inner],
+    }
+
+
+def restore_environments(envs: Any, state: dict[str, Any] | None, seed: int) -> tuple[np.ndarray | None, bool]:
+    """Continue the saved games where possible (returns None: the caller has the observation);
+    else start new games with a fresh seed (returns their first observation)."""
+    if state is not None and environment_state(envs) is not None:
+        envs.reset()  # builds the environments' internals, then the saved state overwrites them
+        for name in TRAIN_ENVS_FIELDS:
+            getattr(envs, name)[...] = state["train_envs"][name]
+        envs.envs._autoreset_envs = np.asarray(state["autoreset"]).copy()
+        for env, env_state in zip(envs.envs.envs, state["envs"], strict=True):
+            env.unwrapped.set_state(env_state)
+        return None, True
+    envs.seed = seed
+    return envs.reset(), False
+
+
+def continue_run(args: Any, script: str) -> tuple[Any, Resumed | None]:
+    """With ``--resume``: the checkpoint (refused now if unusable, before anything is allocated) and the
+    run's own arguments; flags given beside ``--resume`` that differ from them are ignored, with a word."""
+    if not args.resume:
+        return args, None
+    resumed = find_checkpoint(args.resume, script)
+    saved = {k: v for k, v in resumed.args.items() if k in vars(args) and k != "resume"}
+    defaults = type(args)()
+    ignored = [
+        f"--{k.replace('_', '-')}"
+        for k, v in saved.items()
+        if getattr(args, k) != v and getattr(args, k) != getattr(defaults, k)
+    ]
+    if ignored:
+        print(f"warning: --resume continues with the run's own settings; ignoring {', '.join(ignored)}", flush=True)
+    return dataclasses.replace(args, **saved), resumed
+
+
+# ---------------------------------------------------------------- finding and loading
+
+
+@dataclass
+class Resumed:
+    """A checkpoint read back: where it is and everything in ``state.pt``."""
+
+    path: Path
+    run_dir: Path
+    state: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        return int(self.state["global_step"])
+
+    @property
+    def args(self) -> dict[str, Any]:
+        return dict(self.state["original_args"])
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run folder, newest first."""
+    folder = Path(run_dir) / "checkpoints"
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and not p.name.endswith(".tmp")]
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
+def read_checkpoint(path: Path, script: str) -> Resumed:
+    """Load ``state.pt`` safely and check it belongs to this script; CheckpointError says why not."""
+    path = Path(path)
+    state_file = path / "state.pt"
+    if not state_file.is_file():
+        raise CheckpointError(f"{path} has no state.pt (not a checkpoint folder, or an unfinished write)")
+    try:
+        state = _decode(torch.load(state_file, map_location="cpu", weights_only=True))
+    except Exception as error:  # truncated, corrupted or foreign files all land here
+        raise CheckpointError(f"{state_file} cannot be read ({type(error).__name__}: {str(error)[:200]})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"{state_file} is not a value-atari checkpoint (format {FORMAT_VERSION})")
+    algo = Path(script).stem
+    if state["algo"] != algo:
+        raise CheckpointError(
+            f"{path} was written by {state['algo']}.py, not {algo}.py: resume it with algos/{state['algo']}.py"
+        )
+    if state["buffer_saved"]:
+        missing = [name for name in state["replay_arrays"] if not (path / "replay" / f"{name}.npy").is_file()]
+        if missing:
+            raise CheckpointError(f"{path}/replay lacks {', '.join(missing)} (an incomplete copy?)")
+    run_dir = path.parent.parent
+    return Resumed(path=path, run_dir=run_dir, state=state)
+
+
+def find_checkpoint(resume: str, script: str) -> Resumed:
+    """``--resume`` takes a run folder (its newest checkpoint) or one checkpoint folder. An unreadable
+    checkpoint is refused with the reason and the next older one offered; nothing is deleted."""
+    path = Path(resume)
+    if not path.exists():
+        fail(f"--resume {resume}: no such run folder or checkpoint; give a folder under runs/ that has checkpoints/")
+    if (path / "state.pt").exists() or path.name.startswith(PREFIX):
+        candidates = [path]
+        older = [p for p in list_checkpoints(path.parent.parent) if p.name < path.name]
+    else:
+        candidates = list_checkpoints(path)
+        if not candidates:
+            fail(
+                f"--resume {resume}: no complete checkpoint in {path / 'checkpoints'} (the run wrote none: "
+                "it stopped before its first --checkpoint-every, or ran with --checkpoint-every 0)"
+            )
+        older = candidates[1:]
+    try:
+        return read_checkpoint(candidates[0], script)
+    except CheckpointError as error:
+        offer = (
+            f"; the next older checkpoint is {older[0]}: resume with --resume {older[0]}"
+            if older
+            else "; no older checkpoint exists"
+        )
+        fail(f"--resume: refusing checkpoint {candidates[0]}: {error}{offer}")
+
+
+# ---------------------------------------------------------------- writing
+
+
+class Checkpointer:
+    """Writes and restores everything a run needs to continue; handles SIGINT/SIGTERM."""
+
+    def __init__(
+        self,
+        run: Any,
+        resumed: Resumed | None,
+        *,
+        q_network: torch.nn.Module,
+        target_network: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        replay: Any,
+        envs: Any,
+        rng: np.random.Generator,
+    ) -> None:
+        self.run = run
+        self.args = run.args
+        self.resumed = resumed
+        self.modules = {"q_network": q_network, "target_network": target_network, "optimizer": optimizer}
+        self.replay = replay
+        self.envs = envs
+        self.rng = rng
+        self.folder = run.dir / "checkpoints"
+        self.original_args = resumed.args if resumed is not None else dict(vars(run.args))
+        self.stop_requested = False
+        self.signals = 0
+        self.learning_starts = self.args.learning_starts
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+        if self.args.checkpoint_buffer:
+            self._check_disk()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.signals += 1
+        if self.signals > 1:
+            print(f"\n{signal.Signals(signum).name} again: exiting at once, no checkpoint", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        self.stop_requested = True
+        print(
+            f"\n{signal.Signals(signum).name}: finishing the current step, then writing a checkpoint "
+            "(signal again to exit at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _check_disk(self) -> None:
+        need = self.replay.frames.nbytes * min(self.args.checkpoint_keep + 1, 2)
+        free = shutil.disk_usage(self.run.dir).free
+        if need > free:
+            print(
+                f"warning: --checkpoint-buffer needs about {need / 2**30:.1f} GiB per checkpoint on disk, "
+                f"{free / 2**30:.1f} GiB are free under {self.run.dir}: checkpoints may fail",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def start(self) -> tuple[np.ndarray, int, int, float]:
+        """Returns the loop's ``obs, global_step, update_credit, start_time``: from the checkpoint when
+        resuming, else a fresh reset."""
+        if self.resumed is None:
+            return self.envs.reset(), 0, 0, time.time()
+        state = self.resumed.state
+        for name, module in self.modules.items():
+            module.load_state_dict(state[name])
+        set_rng_state(state["rng"])
+        self.rng.bit_generator.state = state["loop_rng"]
+        run = self.run
+        run.counts.update(state["counts"])
+        run.timings.update(state["timings"])
+        run.evaluations = list(state["evaluations"])
+        run.last_return = state["last_return"]
+        write_json_atomic(run.dir / "evaluations.json", run.evaluations)  # drops any written after the checkpoint
+        resume_count = len(state["resumes"]) + 1
+        obs, envs_restored = restore_environments(
+            self.envs, state["environments"], seed=self.args.seed + 1_000_003 * resume_count
+        )
+        if obs is None:
+            obs = state["obs"]
+        buffer_restored = bool(state["buffer_saved"])
+        if buffer_restored:
+            arrays = {
+                n: np.load(self.resumed.path / "replay" / f"{n}.npy", allow_pickle=False)
+                for n in state["replay_arrays"]
+            }
+            load_array_state(self.replay, _rebuild(state["replay_state"], arrays), "replay")
+        if not envs_restored and buffer_restored:
+            self.replay.cut_episodes()  # the saved games are gone: their transitions end there (bootstrapping)
+        step = self.resumed.step
+        if not buffer_restored:
+            # The replay memory starts empty: refill it before learning again.
+            self.learning_starts = step + self.original_args["learning_starts"]
+        run.resumes = list(state["resumes"]) + [
+            {
+                "step": step,
+                "checkpoint": str(self.resumed.path),
+                "time": time.time(),
+                "buffer_restored": buffer_restored,
+                "environments_restored": envs_restored,
+            }
+        ]
+        run.print(
+            f"resumed from {self.resumed.path} at step {step} (replay memory "
+            f"{'restored' if buffer_restored else 'empty: learning waits until step ' + str(self.learning_starts)}, "
+            f"{'games continued' if envs_restored else 'new games started'})"
+        )
+        run.write_receipt()
+        return obs, step, int(state["update_credit"]), time.time() - float(state["train_seconds"])
+
+    def due(self, global_step: int, previous_step: int) -> bool:
+        every = self.args.checkpoint_every
+        periodic = every > 0 and global_step // every > previous_step // every
+        return self.stop_requested or (periodic and global_step < self.args.total_timesteps)
+
+    def save(self, global_step: int, obs: np.ndarray, update_credit: int, start_time: float) -> Path | None:
+        """Write a checkpoint (unless the networks hold non-finite values); after a signal, exit 0."""
+        run = self.run
+        finite = all(torch.isfinite(p).all() for p in self.modules["q_network"].parameters())
+        path = None
+        if finite:
+            with run.timed("checkpoint"):
+                path = self._write(global_step, obs, update_credit, time.time() - start_time)
+            run.last_checkpoint = path
+            run.print(f"checkpoint written: {path}")
+        else:
+            run.print(f"not checkpointing at step {global_step}: the network holds non-finite values")
+        if self.stop_requested:
+            run.close(status="interrupted")
+            script = os.path.relpath(run.script)
+            where = path.parent.parent if path is not None else run.dir
+            print(
+                f"stopped at step {global_step} by a signal; resume with: python {script} --resume {where}",
+                flush=True,
+            )
+            raise SystemExit(0)
+        return path
+
+    def _write(self, global_step: int, obs: np.ndarray, update_credit: int, train_seconds: float) -> Path:
+        run = self.run
+        self.folder.mkdir(exist_ok=True)
+        final = self.folder / f"{PREFIX}{global_step:012d}"
+        tmp = final.with_name(final.name + ".tmp")
+        for stale in self.folder.glob(f"{PREFIX}*.tmp"):  # left by a kill during an earlier write
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
+        replay_state = array_state(self.replay) if self.args.checkpoint_buffer else {}
+        arrays: dict[str, np.ndarray] = {}
+        replay_state = _split_arrays(replay_state, arrays)
+        if arrays:
+            (tmp / "replay").mkdir()
+            for name, array in arrays.items():
+                _save_array(tmp / "replay" / f"{name}.npy", array)
+            _fsync_dir(tmp / "replay")
+        state = {
+            "format": FORMAT_VERSION,
+            "algo": run.algo,
+            "env_id": self.args.env_id,
+            "global_step": global_step,
+            "update_credit": update_credit,
+            "train_seconds": train_seconds,
+            "original_args": self.original_args,
+            "counts": dict(run.counts),
+            "timings": dict(run.timings),
+            "evaluations": run.evaluations,
+            "last_return": run.last_return,
+            "resumes": run.resumes,
+            "wall_seconds": run.wall_before + time.time() - run.start,
+            "rng": rng_state(),
+            "loop_rng": self.rng.bit_generator.state,
+            "obs": np.asarray(obs),
+            "environments": environment_state(self.envs),
+            "buffer_saved": bool(arrays),
+            "replay_arrays": sorted(arrays),
+            "replay_state": replay_state,
+            **{name: module.state_dict() for name, module in self.modules.items()},
+        }
+        with open(tmp / "state.pt", "wb") as f:
+            torch.save(_encode(state), f)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        if final.exists():  # the same step written twice (a signal right after a periodic checkpoint)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(self.folder)
+        for old in list_checkpoints(run.dir)[self.args.checkpoint_keep :]:
+            shutil.rmtree(old, ignore_errors=True)
+        run.flush()
+        return final
+
+
+def _split_arrays(state: dict[str, Any], arrays: dict[str, np.ndarray], prefix: str = "") -> dict[str, Any]:
+    """Move large arrays out of ``state`` (into ``arrays``, saved as .npy) leaving their names."""
+    out: dict[str, Any] = {}
+    for name, value in state.items():
+        if isinstance(value, np.ndarray) and value.nbytes > 4096:
+            arrays[prefix + name] = value
+            out[name] = {"__npy__": prefix + name}
+        elif isinstance(value, dict) and "__object__" in value:
+            out[name] = {"__object__": _split_arrays(value["__object__"], arrays, prefix + name + ".")}
+        else:
+            out[name] = value
+    return out
+
+
+def _rebuild(state: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in state.items():
+        if isinstance(value, dict) and "__npy__" in value:
+            out[name] = arrays[value["__npy__"]]
+        elif isinstance(value, dict) and "__object__" in value:
+            out[name] = {"__object__": _rebuild(value["__object__"], arrays)}
+        else:
+            out[name] = value
+    return out

@@ -1,0 +1,228 @@
+"""Long runs that survive (issue 6): checkpoints, exact resume after SIGTERM and kill -9, refusal of bad
+checkpoints, non-finite losses, and a resumed real game. Real subprocess runs of the scripts, no mocks.
+
+Exactness: on CPU with a fixed seed, a run interrupted (at a random moment) and resumed with
+``--checkpoint-buffer`` ends with the same network weights as an uninterrupted run BIT FOR BIT
+(``torch.equal``): the checkpoint holds every RNG, the replay memory and the toy environments' state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, run_python
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from cleanrl_utils.checkpoint import CheckpointError, list_checkpoints, read_checkpoint
+
+TOTAL = 1500
+TOY = [
+    "--env-id", "tests.toy_envs:DelayedImage-v0", "--total-timesteps", str(TOTAL), "--learning-starts", "200",
+    "--buffer-size", "1000", "--train-frequency", "2", "--target-network-frequency", "50", "--learning-rate", "5e-4",
+    "--exploration-fraction", "0.5", "--eval-every", "700", "--eval-episodes", "4", "--device", "cpu",
+    "--checkpoint-every", "500", "--checkpoint-buffer", "--save-model",
+]  # fmt: skip
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "CI": "true"}
+
+
+def start(script: Path, run_dir: Path, *flags: str) -> subprocess.Popen:
+    command = [sys.executable, str(script), *TOY, *flags, "--run-dir", str(run_dir)]
+    return subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_checkpoint(run_root: Path, process: subprocess.Popen, timeout: float = 300) -> Path:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = [c for run in run_root.glob("*") for c in list_checkpoints(run)]
+        if found:
+            return found[0].parent.parent
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.02)
+    raise AssertionError("no checkpoint appeared")
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    [model] = run_dir.glob("*.cleanrl_model")
+    return torch.load(model, weights_only=True)["state_dict"]
+
+
+def curve_steps(run_dir: Path, tag: str) -> list[int]:
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return [e.step for e in events.Scalars(tag)]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("uninterrupted")
+    done = run_python("algos/dqn.py", *TOY, "--run-dir", str(root), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run_dir] = root.iterdir()
+    return run_dir
+
+
+def assert_same_run(resumed: Path, reference: Path) -> None:
+    a, b = weights(reference), weights(resumed)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs after resume (max {(a[key] - b[key]).abs().max()})"
+    receipt, reference_receipt = (json.loads((d / "receipt.json").read_text()) for d in (resumed, reference))
+    assert receipt["status"] == "finished" and len(receipt["resumes"]) == 1
+    for count in ("env_steps", "gradient_updates", "transitions_stored", "evaluations"):
+        assert receipt["counts"][count] == reference_receipt["counts"][count], count
+    assert receipt["counts"]["env_steps"] == TOTAL
+    # whole curves: every step logged exactly once, as in the uninterrupted run
+    for tag in ("charts/SPS", "losses/td_loss", "eval/episodic_return", "charts/episodic_return"):
+        steps = curve_steps(resumed, tag)
+        assert steps == curve_steps(reference, tag), tag
+        assert len(steps) == len(set(steps)), f"{tag} has duplicate steps"
+    evaluations = json.loads((resumed / "evaluations.json").read_text())
+    assert [e["step"] for e in evaluations] == [700, 1400, TOTAL]
+
+
+def resume(run_dir: Path) -> subprocess.CompletedProcess:
+    done = run_python("algos/dqn.py", "--resume", str(run_dir), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed from" in done.stdout
+    return done
+
+
+def test_sigterm_writes_a_checkpoint_exits_0_and_the_resumed_run_is_bit_identical(uninterrupted, tmp_path):
+    process = start(REPO / "algos" / "dqn.py", tmp_path)
+    run_dir = wait_for_checkpoint(tmp_path, process)
+    time.sleep(random.Random().uniform(0.0, 1.5))  # a random moment after the first checkpoint
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err[-3000:]
+    assert "resume with: python algos/dqn.py --resume" in out
+    receipt = json.loads((run_dir / "receipt.json").read_text())
+    assert receipt["status"] == "interrupted"
+    newest = list_checkpoints(run_dir)[0]
+    state = read_checkpoint(newest, "dqn.py").state  # loadable
+    assert state["global_step"] == receipt["counts"]["env_steps"] < TOTAL
+    resume(run_dir)
+    assert_same_run(run_dir, uninterrupted)
+
+
+def test_kill_9_at_a_random_moment_then_resume_finishes_whole_and_bit_identical(uninterrupted, tmp_path):
+    process = start(REPO / "algos" / "dqn.py", tmp_path)
+    run_dir = wait_for_checkpoint(tmp_path, process)
+    time.sleep(random.Random().uniform(0.0, 2.0))
+    process.kill()
+    process.communicate()
+    assert process.returncode == -signal.SIGKILL
+    if (run_dir / "dqn.cleanrl_model").exists():
+        pytest.skip("the run finished before the kill (machine faster than expected)")
+    resume(run_dir)
+    assert_same_run(run_dir, uninterrupted)
+    assert len(list_checkpoints(run_dir)) <= 3  # --checkpoint-keep 3
+
+
+def test_bad_checkpoints_are_refused_and_the_older_one_offered(uninterrupted, tmp_path):
+    checkpoints = list_checkpoints(uninterrupted)
+    assert [c.name for c in checkpoints] == ["step_000000001000", "step_000000000500"]
+    copy = tmp_path / uninterrupted.name
+    subprocess.run(["cp", "-r", str(uninterrupted), str(copy)], check=True)
+    newest, older = list_checkpoints(copy)
+    state_file = newest / "state.pt"
+
+    cases = {
+        "truncated": state_file.read_bytes()[: state_file.stat().st_size // 2],
+        "random bytes": random.Random(0).randbytes(4096),
+    }
+    for name, content in cases.items():
+        state_file.write_bytes(content)
+        with pytest.raises(CheckpointError, match="cannot be read"):
+            read_checkpoint(newest, "dqn.py")
+        done = run_python("algos/dqn.py", "--resume", str(copy), timeout=120)
+        assert done.returncode != 0 and "Traceback" not in done.stderr, (name, done.stderr)
+        assert f"refusing checkpoint {newest}" in done.stderr and f"--resume {older}" in done.stderr, done.stderr
+        assert state_file.read_bytes() == content, "a refused checkpoint must be left as it was"
+    assert read_checkpoint(older, "dqn.py").step == 500  # the older one still loads
+
+    done = run_python("algos/double_dqn.py", "--resume", str(older), timeout=120)
+    assert done.returncode != 0 and "written by dqn.py, not double_dqn.py" in done.stderr, done.stderr
+    with pytest.raises(CheckpointError, match="written by dqn.py"):
+        read_checkpoint(older, "qrdqn.py")
+
+
+PLANTED = ("loss = F.mse_loss(td_target, old_val)", "loss = F.mse_loss(td_target, old_val) * NAN_AFTER(global_step)")
+
+
+def planted_script(tmp_path: Path) -> Path:
+    """algos/dqn.py whose loss turns NaN after step 700 (a planted fault, the script otherwise unchanged)."""
+    source = (REPO / "algos" / "dqn.py").read_text()
+    assert PLANTED[0] in source
+    source = source.replace(PLANTED[0], PLANTED[1])
+    source = source.replace(
+        "\nclass QNetwork", '\nNAN_AFTER = lambda step: float("nan") if step > 700 else 1.0  # noqa\n\n\nclass QNetwork'
+    )
+    folder = tmp_path / "planted"
+    folder.mkdir()
+    script = folder / "dqn.py"
+    script.write_text(source)
+    return script
+
+
+def test_a_planted_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+    script = planted_script(tmp_path)
+    process = start(script, tmp_path / "runs")
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 1, err[-3000:]
+    [run_dir] = (tmp_path / "runs").iterdir()
+    assert "non-finite td_loss=nan" in err and "at step 1000" in err, err  # the first metrics step after the fault
+    assert f"the last good checkpoint is {run_dir / 'checkpoints' / 'step_000000000500'}" in err, err
+    receipt = json.loads((run_dir / "receipt.json").read_text())
+    assert receipt["status"].startswith("failed: non-finite td_loss=nan") and "at step 1000" in receipt["status"]
+    state = read_checkpoint(list_checkpoints(run_dir)[0], "dqn.py").state
+    assert state["global_step"] == 500
+    assert all(torch.isfinite(t).all() for t in state["q_network"].values())
+
+
+def test_skip_mode_skips_non_finite_updates_and_finishes(tmp_path):
+    script = planted_script(tmp_path)
+    process = start(script, tmp_path / "runs", "--on-nonfinite", "skip", "--checkpoint-every", "0")
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 0, err[-3000:]
+    [run_dir] = (tmp_path / "runs").iterdir()
+    receipt = json.loads((run_dir / "receipt.json").read_text())
+    assert receipt["status"] == "finished"
+    skipped = (TOTAL - 700) // 2  # every update after step 700 (one per 2 steps)
+    assert abs(receipt["counts"]["skipped_updates"] - skipped) <= 1
+    assert receipt["counts"]["gradient_updates"] + receipt["counts"]["skipped_updates"] == (TOTAL - 200) // 2
+    assert all(torch.isfinite(t).all() for t in weights(run_dir).values())
+
+
+def test_a_real_game_resumes_with_new_games_and_an_empty_replay(tmp_path):
+    """ale-py cannot save a game in progress: the resumed run starts new games, refills the replay memory
+    before learning again, and still ends at the requested step with whole curves."""
+    flags = [
+        "--env-id", "BreakoutNoFrameskip-v4", "--total-timesteps", "700", "--learning-starts", "100",
+        "--buffer-size", "400", "--num-envs", "2", "--checkpoint-every", "300", "--eval-every", "0",
+        "--eval-episodes", "1", "--eval-epsilon", "1", "--device", "cpu", "--run-dir", str(tmp_path),
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "algos/dqn.py", *flags], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    run_dir = wait_for_checkpoint(tmp_path, process)
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=300)
+    assert process.returncode == 0
+    stopped_at = json.loads((run_dir / "receipt.json").read_text())["counts"]["env_steps"]
+    done = resume(run_dir)
+    assert "new games started" in done.stdout and "learning waits until step" in done.stdout
+    receipt = json.loads((run_dir / "receipt.json").read_text())
+    assert receipt["status"] == "finished" and receipt["counts"]["env_steps"] == 700
+    [entry] = receipt["resumes"]
+    assert entry["step"] == stopped_at and not entry["buffer_restored"] and not entry["environments_restored"]
+    sps = curve_steps(run_dir, "charts/SPS")
+    assert sps == list(range(100, 701, 100))  # each step once (2 envs: multiples of 100 are all reached)
