@@ -31,6 +31,8 @@ class RunSpec:
     algo: str
     env_id: str
     seed: int
+    script: Path | None = None  # a script outside algos/ (a copy of the custom template, say); None: algos/ALGO.py
+    resume: Path | None = None  # an unfinished earlier run of this spec that has checkpoints
 
     @property
     def name(self) -> str:
@@ -39,6 +41,20 @@ class RunSpec:
 
 def known_algos() -> list[str]:
     return sorted(p.stem for p in ALGOS_DIR.glob("*.py"))
+
+
+def resolve_algo(algo: str) -> tuple[str, Path | None]:
+    """A name in algos/, or the path of a script file anywhere (e.g. a copy of algos/custom_value_atari.py):
+    (its name, the script path or None for algos/NAME.py)."""
+    if algo in known_algos():
+        return algo, None
+    path = Path(algo)
+    if path.suffix == ".py" and path.is_file():
+        return path.stem, path.resolve()
+    fail(
+        f"--algos: unknown algorithm {algo}; choose among {', '.join(known_algos())} "
+        "or give the path of a script file (e.g. a copy of algos/custom_value_atari.py)"
+    )
 
 
 def finished_run(run_dir: Path, spec: RunSpec) -> Path | None:
@@ -52,10 +68,27 @@ def finished_run(run_dir: Path, spec: RunSpec) -> Path | None:
     return None
 
 
+def resumable_run(run_dir: Path, spec: RunSpec) -> Path | None:
+    """The newest earlier run of ``spec`` that was killed or interrupted and has a checkpoint, if any."""
+    from cleanrl_utils.checkpoint import list_checkpoints
+
+    for receipt in sorted(run_dir.glob(f"{spec.name}__*/receipt.json"), reverse=True):
+        try:
+            status = json.loads(receipt.read_text()).get("status")
+        except (OSError, json.JSONDecodeError):
+            continue
+        if status in ("running", "interrupted") and list_checkpoints(receipt.parent):
+            return receipt.parent
+    return None
+
+
 def command_for(spec: RunSpec, run_dir: Path, extra: list[str]) -> list[str]:
+    script = str(spec.script or ALGOS_DIR / f"{spec.algo}.py")
+    if spec.resume is not None:  # continues with the run's own settings, in its own folder
+        return [sys.executable, script, "--resume", str(spec.resume)]
     return [
         sys.executable,
-        str(ALGOS_DIR / f"{spec.algo}.py"),
+        script,
         "--env-id",
         spec.env_id,
         "--seed",
@@ -146,6 +179,22 @@ def run_local(specs: list[RunSpec], run_dir: Path, logs: Path, extra: list[str],
     return results
 
 
+def reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail at once, with the fix, when nothing listens at a Ray head's HOST:PORT."""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        fail(f"--ray-address {address}: expected auto, local or HOST:PORT (e.g. 10.0.0.5:6379)")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as error:
+        fail(
+            f"--ray-address {address}: cannot connect to a Ray cluster ({error}); start one with "
+            "`ray start --head` there, or use --ray-address local to run Ray on this machine"
+        )
+
+
 def run_ray(specs: list[RunSpec], run_dir: Path, logs: Path, extra: list[str], address: str, threads: int, gpus: float):
     """Each run a Ray task (1 CPU, ``gpus`` GPUs); run folders and logs go to the paths given,
     which must be shared by the cluster's nodes (on one machine they are local)."""
@@ -153,6 +202,8 @@ def run_ray(specs: list[RunSpec], run_dir: Path, logs: Path, extra: list[str], a
         import ray
     except ImportError:
         fail("--ray-address needs Ray: pip install 'value-atari[ray]' (or pip install 'ray[default]')")
+    if address not in ("local", "auto"):
+        reachable(address)  # Ray itself retries an unreachable head for minutes
     try:
         ray.init(address=None if address == "local" else address, log_to_driver=False)
     except Exception as error:  # Ray raises several types for an unreachable head
@@ -182,7 +233,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         prog="python -m cleanrl_utils.benchmark",
         description="Run algorithms x games x seeds; flags after -- go to every run.",
     )
-    parser.add_argument("--algos", nargs="+", required=True, help=f"among: {' '.join(known_algos())}")
+    parser.add_argument(
+        "--algos", nargs="+", required=True, help=f"among: {' '.join(known_algos())}; or paths of script files"
+    )
     parser.add_argument("--env-ids", nargs="+", required=True)
     parser.add_argument("--seeds", nargs="+", type=int, required=True)
     parser.add_argument("--workers", type=int, default=1, help="parallel local runs (default 1)")
@@ -196,9 +249,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse(sys.argv[1:] if argv is None else argv)
-    unknown = [a for a in args.algos if a not in known_algos()]
-    if unknown:
-        fail(f"--algos: unknown algorithm {', '.join(unknown)}; choose among {', '.join(known_algos())}")
+    scripts = dict(resolve_algo(a) for a in dict.fromkeys(args.algos))
+    if len(scripts) < len(dict.fromkeys(args.algos)):
+        fail("--algos: two scripts share a file name; runs are named after it, so rename one copy")
     from cleanrl_utils.envs import EnvIdError, check_env_id
 
     for env_id in args.env_ids:
@@ -210,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"--workers {args.workers} must be at least 1")
     if "--seed" in extra or "--env-id" in extra or "--run-dir" in extra:
         fail("pass --seeds, --env-ids and --run-dir to the launcher, not after --")
-    specs = [RunSpec(a, e, s) for e in args.env_ids for a in args.algos for s in dict.fromkeys(args.seeds)]
+    specs = [RunSpec(a, e, s, scripts[a]) for e in args.env_ids for a in scripts for s in dict.fromkeys(args.seeds)]
     if not specs:
         fail("the grid is empty: give at least one algorithm, game and seed")
     run_dir = Path(args.run_dir).resolve()
@@ -221,8 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         done = finished_run(run_dir, spec)
         if done is not None:
             print(f"{spec.name}: already finished in {done}, skipped", flush=True)
-        else:
-            todo.append(spec)
+            continue
+        spec.resume = resumable_run(run_dir, spec)
+        if spec.resume is not None:
+            print(f"{spec.name}: resuming the unfinished run in {spec.resume}", flush=True)
+        todo.append(spec)
     print(f"{len(todo)} run(s) to do, {len(specs) - len(todo)} already finished; logs in {logs}", flush=True)
     if args.ray_address:
         results = run_ray(todo, run_dir, logs, extra, args.ray_address, args.threads_per_run, args.gpus_per_run)

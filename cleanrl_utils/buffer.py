@@ -7,6 +7,12 @@ clipped reward, ``done`` (the learning terminal) and ``end`` (the episode ended 
 or time limit, so the next observation starts a new stack). A new episode first writes all the
 frames of its first stack, which are not transitions, so a stack never mixes two episodes.
 Writing slot ``j`` invalidates the older transitions at ``j+1 .. j+stack`` whose stacks used it.
+
+The frames live in host memory (a NumPy array) unless ``storage_device`` is given: then they are a
+torch tensor on that device (e.g. ``cuda``, 7 GB per 1M transitions of GPU memory), written there
+at each ``add`` and gathered there at each ``sample``, so batches never cross the bus. The small
+per-transition metadata and the bookkeeping stay in host memory either way. Host-to-GPU copies
+go through pinned memory without blocking the host.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class ReplayBuffer:
         n_step: int = 1,
         gamma: float = 0.99,
         seed: int | None = None,
+        storage_device: torch.device | str | None = None,
     ) -> None:
         self.stack = observation_shape[0]
         self.frame_shape = tuple(observation_shape[1:])
@@ -58,7 +65,11 @@ class ReplayBuffer:
         self.gamma = gamma
         self.rng = np.random.default_rng(seed)
         shape = (num_envs, self.capacity)
-        self.frames = np.zeros(shape + self.frame_shape, dtype=np.uint8)
+        self.storage_device = None if storage_device is None else torch.device(storage_device)
+        if self.storage_device is None:
+            self.frames = np.zeros(shape + self.frame_shape, dtype=np.uint8)  # pages arrive as they are written
+        else:
+            self.frames = torch.zeros(shape + self.frame_shape, dtype=torch.uint8, device=self.storage_device)
         self.actions = np.zeros(shape, dtype=np.int32)
         self.rewards = np.zeros(shape, dtype=np.float32)
         self.dones = np.zeros(shape, dtype=bool)
@@ -81,25 +92,33 @@ class ReplayBuffer:
             self.ends[env, last] = self.valid[env, last]
         self.open[:] = False
 
-    def _write(self, env: int, frame: np.ndarray, transition: tuple | None) -> None:
-        j = self.cursor[env]
+    def _write(self, envs: np.ndarray, frames: np.ndarray, transition: tuple | None) -> None:
+        """Write ``frames[i]`` at the cursor of ring ``envs[i]`` (distinct rings), with the transition
+        arrays (actions, rewards, dones, ends) aligned with ``envs``, or None for a stack's first frames."""
+        if len(envs) == 0:
+            return
+        j = self.cursor[envs]
         cap = self.capacity
-        self.frames[env, j] = frame
-        # Older transitions whose stacks included the overwritten slot are gone.
-        self.valid[env, (j + np.arange(1, self.stack + 1)) % cap] = False
-        if transition is None:
-            self.valid[env, j] = False
-            self.ends[env, j] = False
-            self.dones[env, j] = False
+        if self.storage_device is None:
+            self.frames[envs, j] = frames
         else:
-            action, reward, done, end = transition
-            self.actions[env, j] = action
-            self.rewards[env, j] = reward
-            self.dones[env, j] = done
-            self.ends[env, j] = end
-            self.valid[env, j] = True
-        self.cursor[env] = (j + 1) % cap
-        self.written[env] += 1
+            flat = self.frames.view(-1, *self.frame_shape)
+            flat[self._to(envs * cap + j, self.storage_device)] = self._to(frames, self.storage_device)
+        # Older transitions whose stacks included the overwritten slot are gone.
+        self.valid[envs[:, None], (j[:, None] + np.arange(1, self.stack + 1)) % cap] = False
+        if transition is None:
+            self.valid[envs, j] = False
+            self.ends[envs, j] = False
+            self.dones[envs, j] = False
+        else:
+            actions, rewards, dones, ends = transition
+            self.actions[envs, j] = actions
+            self.rewards[envs, j] = rewards
+            self.dones[envs, j] = dones
+            self.ends[envs, j] = ends
+            self.valid[envs, j] = True
+        self.cursor[envs] = (j + 1) % cap
+        self.written[envs] += 1
 
     def add(
         self,
@@ -114,22 +133,22 @@ class ReplayBuffer:
         """Store one vector step. ``dones``: learning terminal (never a time limit). ``ends``: the
         episode ended (game over or time limit), so the next ``obs`` of that env starts anew.
         ``mask``: which envs made a real transition (False on an autoreset step)."""
-        envs = range(self.num_envs) if mask is None else np.flatnonzero(mask)
-        for env in envs:
-            if not np.array_equal(obs[env, 1:], next_obs[env, :-1]):
-                raise ValueError(
-                    "observations are not frame stacks (next_obs[1:] must continue obs); "
-                    "the replay buffer stores each frame once and needs stacked frames"
-                )
-            if not self.open[env]:
-                for frame in obs[env]:
-                    self._write(env, frame, None)
-            self._write(
-                env,
-                next_obs[env, -1],
-                (actions[env], rewards[env], bool(dones[env]), bool(ends[env])),
+        envs = np.arange(self.num_envs) if mask is None else np.flatnonzero(mask)
+        if len(envs) == 0:
+            return
+        obs, next_obs = np.asarray(obs), np.asarray(next_obs)
+        if not np.array_equal(obs[envs, 1:], next_obs[envs, :-1]):
+            raise ValueError(
+                "observations are not frame stacks (next_obs[1:] must continue obs); "
+                "the replay buffer stores each frame once and needs stacked frames"
             )
-            self.open[env] = not ends[env]
+        ends = np.asarray(ends, dtype=bool)[envs]
+        starting = envs[~self.open[envs]]  # a new episode: its first stack's frames come first
+        for k in range(self.stack):
+            self._write(starting, obs[starting, k], None)
+        transition = (np.asarray(actions)[envs], np.asarray(rewards)[envs], np.asarray(dones, dtype=bool)[envs], ends)
+        self._write(envs, next_obs[envs, -1], transition)
+        self.open[envs] = ~ends
 
     def _ready(self, env: np.ndarray, slot: np.ndarray) -> np.ndarray:
         """Transitions whose n-step return is complete: an episode boundary or n steps stored."""
@@ -182,20 +201,48 @@ class ReplayBuffer:
             discounts[go] *= self.gamma
             stopped = stopped | self.dones[envs, later] | self.ends[envs, later]
         discounts[dones] = 0.0
-        if self.n_step == 1:
-            window = self.frames[envs[:, None], (slots[:, None] + np.arange(-stack, 1)) % cap]
-            obs, next_obs = window[:, :-1], window[:, 1:]
+        if self.n_step == 1:  # obs and next_obs share all frames but one: gather stack + 1 once
+            window = (slots[:, None] + np.arange(-stack, 1)) % cap
+            split = (slice(0, stack), slice(1, stack + 1))
         else:
-            obs = self.frames[envs[:, None], (slots[:, None] + np.arange(-stack, 0)) % cap]
-            next_obs = self.frames[envs[:, None], (last[:, None] + np.arange(-stack + 1, 1)) % cap]
+            window = np.concatenate(
+                [(slots[:, None] + np.arange(-stack, 0)) % cap, (last[:, None] + np.arange(-stack + 1, 1)) % cap], 1
+            )
+            split = (slice(0, stack), slice(stack, 2 * stack))
+        actions = self.actions[envs, slots].astype(np.int64)
+        if self.storage_device is None and self.device.type == "cpu":
+            frames = self.frames.reshape(-1, *self.frame_shape)[envs[:, None] * cap + window]
+            return ReplayBatch(
+                observations=torch.from_numpy(np.ascontiguousarray(frames[:, split[0]])),
+                actions=torch.from_numpy(actions),
+                rewards=torch.from_numpy(rewards),
+                next_observations=torch.from_numpy(np.ascontiguousarray(frames[:, split[1]])),
+                dones=torch.from_numpy(dones.astype(np.float32)),
+                discounts=torch.from_numpy(discounts),
+            )
+        if self.storage_device is None:  # host frames to the device: one pinned copy of the stack + 1 frames
+            frames = self._to(self.frames.reshape(-1, *self.frame_shape)[envs[:, None] * cap + window], self.device)
+        else:  # gathered where they live
+            index = self._to(envs[:, None] * cap + window, self.storage_device)
+            frames = self.frames.view(-1, *self.frame_shape)[index].to(self.device)
+        metadata = np.stack([actions, rewards, dones, discounts]).astype(np.float32)  # one copy; actions are small
+        metadata = self._to(metadata, self.device)
         return ReplayBatch(
-            observations=self._to_device(np.ascontiguousarray(obs)),
-            actions=self._to_device(self.actions[envs, slots].astype(np.int64)),
-            rewards=self._to_device(rewards),
-            next_observations=self._to_device(np.ascontiguousarray(next_obs)),
-            dones=self._to_device(dones.astype(np.float32)),
-            discounts=self._to_device(discounts),
+            observations=frames[:, split[0]].contiguous(),
+            actions=metadata[0].long(),
+            rewards=metadata[1],
+            next_observations=frames[:, split[1]].contiguous(),
+            dones=metadata[2],
+            discounts=metadata[3],
         )
+
+    @staticmethod
+    def _to(array: np.ndarray, device: torch.device) -> torch.Tensor:
+        """``array`` as a tensor on ``device``; to a GPU through pinned memory, without blocking the host"""
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        if device.type == "cuda":
+            return tensor.pin_memory().to(device, non_blocking=True)
+        return tensor.to(device)
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         tensor = torch.from_numpy(array)

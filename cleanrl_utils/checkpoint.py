@@ -289,17 +289,17 @@ class Checkpointer:
         run: Any,
         resumed: Resumed | None,
         *,
-        q_network: torch.nn.Module,
-        target_network: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
         replay: Any,
         envs: Any,
-        rng: np.random.Generator,
+        rng: np.random.Generator | None = None,
+        **modules: Any,
     ) -> None:
+        """``modules``: what has ``state_dict()``/``load_state_dict()`` (networks, optimizer, or a whole
+        ValueAlgorithm), saved under their keyword names; ``rng``: the loop's acting generator."""
         self.run = run
         self.args = run.args
         self.resumed = resumed
-        self.modules = {"q_network": q_network, "target_network": target_network, "optimizer": optimizer}
+        self.modules = modules
         self.replay = replay
         self.envs = envs
         self.rng = rng
@@ -345,8 +345,11 @@ class Checkpointer:
         state = self.resumed.state
         for name, module in self.modules.items():
             module.load_state_dict(state[name])
+            for buffer_name, value in state["module_buffers"].get(name, {}).items():  # e.g. NoisyLinear's noise
+                module.get_buffer(buffer_name).copy_(value)
         set_rng_state(state["rng"])
-        self.rng.bit_generator.state = state["loop_rng"]
+        if self.rng is not None:
+            self.rng.bit_generator.state = state["loop_rng"]
         run = self.run
         run.counts.update(state["counts"])
         run.timings.update(state["timings"])
@@ -397,7 +400,7 @@ class Checkpointer:
     def save(self, global_step: int, obs: np.ndarray, update_credit: int, start_time: float) -> Path | None:
         """Write a checkpoint (unless the networks hold non-finite values); after a signal, exit 0."""
         run = self.run
-        finite = all(torch.isfinite(p).all() for p in self.modules["q_network"].parameters())
+        finite = all(_finite(module.state_dict()) for module in self.modules.values())
         path = None
         if finite:
             with run.timed("checkpoint"):
@@ -448,13 +451,19 @@ class Checkpointer:
             "resumes": run.resumes,
             "wall_seconds": run.wall_before + time.time() - run.start,
             "rng": rng_state(),
-            "loop_rng": self.rng.bit_generator.state,
+            "loop_rng": None if self.rng is None else self.rng.bit_generator.state,
             "obs": np.asarray(obs),
             "environments": environment_state(self.envs),
             "buffer_saved": bool(arrays),
             "replay_arrays": sorted(arrays),
             "replay_state": replay_state,
             **{name: module.state_dict() for name, module in self.modules.items()},
+            # buffers left out of state_dict (persistent=False, e.g. NoisyLinear's current noise) continue too
+            "module_buffers": {
+                name: {k: v.detach().cpu().clone() for k, v in module.named_buffers()}
+                for name, module in self.modules.items()
+                if isinstance(module, torch.nn.Module)
+            },
         }
         with open(tmp / "state.pt", "wb") as f:
             torch.save(_encode(state), f)
@@ -469,6 +478,17 @@ class Checkpointer:
             shutil.rmtree(old, ignore_errors=True)
         run.flush()
         return final
+
+
+def _finite(state: Any) -> bool:
+    """Every floating-point tensor in a (nested) state dict is finite."""
+    if isinstance(state, torch.Tensor):
+        return not state.is_floating_point() or bool(torch.isfinite(state).all())
+    if isinstance(state, dict):
+        return all(_finite(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return all(_finite(v) for v in state)
+    return True
 
 
 def _split_arrays(state: dict[str, Any], arrays: dict[str, np.ndarray], prefix: str = "") -> dict[str, Any]:

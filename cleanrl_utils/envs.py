@@ -103,8 +103,11 @@ class TrainEnvs:
         self.pending_reset = np.zeros(num_envs, dtype=bool)
         self.returns = np.zeros(num_envs, dtype=np.float64)
         self.lengths = np.zeros(num_envs, dtype=np.int64)
+        self._sent: np.ndarray | None = None  # actions sent and not yet received
 
     def reset(self) -> np.ndarray:
+        if self._sent is not None:  # a step in flight: finish it (its result is dropped)
+            self.recv()
         obs, info = self.envs.reset(seed=self.seed)
         self.lives[:] = _lives(info, self.num_envs)
         self.pending_reset[:] = False
@@ -113,7 +116,40 @@ class TrainEnvs:
         return obs
 
     def step(self, actions: np.ndarray) -> StepResult:
-        next_obs, raw, terminated, truncated, info = self.envs.step(actions)
+        self.send(actions)
+        return self.recv()
+
+    def send(self, actions: np.ndarray) -> None:
+        """Start a step and return at once. ale-py's environments step in their own C++ threads until
+        ``recv``, so the learner can update meanwhile (Gymnasium's AsyncVectorEnv too, in its processes;
+        other vector environments step inside ``recv``). ``send`` then ``recv`` is exactly ``step``."""
+        if self._sent is not None:
+            raise RuntimeError("TrainEnvs.send called twice without recv in between")
+        actions = np.array(actions, dtype=np.int64)  # a copy: the caller may reuse its array
+        if actions.shape != (self.num_envs,):
+            raise ValueError(f"expected {self.num_envs} actions, got an array of shape {actions.shape}")
+        if isinstance(self.envs, AtariVectorEnv):
+            self.envs.send(actions)
+        elif hasattr(self.envs, "step_async"):
+            self.envs.step_async(actions)
+        self._sent = actions
+
+    def recv(self) -> StepResult:
+        """Wait for the step that ``send`` started and return its result."""
+        if self._sent is None:
+            raise RuntimeError("TrainEnvs.recv called without a step sent")
+        actions, self._sent = self._sent, None
+        if isinstance(self.envs, AtariVectorEnv):
+            next_obs, raw, terminated, truncated, info = self.envs.recv()
+            order = info.get("env_id")
+            if order is not None and not np.array_equal(order, np.arange(self.num_envs)):  # by env, in order
+                rank = np.argsort(order)
+                next_obs, raw, terminated, truncated = next_obs[rank], raw[rank], terminated[rank], truncated[rank]
+                info = {k: (np.asarray(v)[rank] if np.ndim(v) == 1 else v) for k, v in info.items()}
+        elif hasattr(self.envs, "step_wait"):
+            next_obs, raw, terminated, truncated, info = self.envs.step_wait()
+        else:
+            next_obs, raw, terminated, truncated, info = self.envs.step(actions)
         lives = _lives(info, self.num_envs)
         raw = np.asarray(raw, dtype=np.float64)
         terminated = np.asarray(terminated, dtype=bool)
@@ -141,6 +177,8 @@ class TrainEnvs:
         )
 
     def close(self) -> None:
+        if self._sent is not None:
+            self.recv()
         self.envs.close()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import sys
 from collections.abc import Callable
@@ -120,7 +121,12 @@ def main() -> None:
     if not script.exists():  # the repository moved: find the script beside this package
         script = Path(__file__).resolve().parents[1] / "algos" / f"{saved['algo']}.py"
     module = load_algorithm(script)
-    q_network = module.QNetwork(saved["n_actions"], **saved.get("network_kwargs", {}))
+    if "envs" in inspect.signature(module.QNetwork).parameters:  # the custom-algorithm template's QNetwork(envs)
+        from cleanrl_utils.harness import network_spec
+
+        q_network = module.QNetwork(network_spec(saved["n_actions"]))
+    else:
+        q_network = module.QNetwork(saved["n_actions"], **saved.get("network_kwargs", {}))
     q_network.load_state_dict(saved["state_dict"])
     env_id = args.env_id or saved["env_id"]
     result = evaluate(

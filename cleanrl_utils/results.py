@@ -83,7 +83,8 @@ def tables(records: list[dict]) -> str:
         by_game[r["game"]][r["algo"]].append(r)
     lines = []
     for game in sorted(by_game):
-        lines += [f"### {game}", "", "| algorithm | seeds | steps | final eval (mean +- std over seeds) | HNS |"]
+        group = " (tuning game)" if game in TUNING_GAMES else " (held-out game)" if game in HELD_OUT_GAMES else ""
+        lines += [f"### {game}{group}", "", "| algorithm | seeds | steps | final eval (mean +- std over seeds) | HNS |"]
         lines.append("|---|---|---|---|---|")
         for algo in sorted(by_game[game]):
             runs = by_game[game][algo]

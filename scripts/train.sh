@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Usage: scripts/train.sh ENV_ID [ALGO] [SEED] [extra flags...]
-# Runs algos/ALGO.py (default dqn) with --seed SEED (default 1) and --device auto (CUDA, then
+# Runs algos/ALGO.py (default dqn; ALGO may also be the path of a script file, e.g. a copy of
+# algos/custom_value_atari.py) with --seed SEED (default 1) and --device auto (CUDA, then
 # Apple MPS, then CPU); extra flags pass through. Works from any working directory.
 set -euo pipefail
 
@@ -22,7 +23,16 @@ if [ $# -gt 0 ] && [[ $1 != -* ]]; then
 fi
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-script="$root/algos/$algo.py"
+if [[ $algo == */* || $algo == *.py ]]; then
+    # a script file anywhere, e.g. a copy of algos/custom_value_atari.py
+    script=$algo
+    if [ ! -f "$script" ]; then
+        echo "error: algorithm script '$algo' does not exist" >&2
+        exit 2
+    fi
+else
+    script="$root/algos/$algo.py"
+fi
 if [ ! -f "$script" ]; then
     known=""
     for file in "$root"/algos/*.py; do

@@ -61,13 +61,22 @@ def curve_steps(run_dir: Path, tag: str) -> list[int]:
     return [e.step for e in events.Scalars(tag)]
 
 
-@pytest.fixture(scope="module")
+_UNINTERRUPTED: dict[str, Path] = {}
+
+
+def uninterrupted_run(script: str, tmp_path_factory) -> Path:
+    """One uninterrupted reference run per script, shared by the tests of this module."""
+    if script not in _UNINTERRUPTED:
+        root = tmp_path_factory.mktemp(f"uninterrupted_{script}")
+        done = run_python(f"algos/{script}.py", *TOY, "--run-dir", str(root), timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        [_UNINTERRUPTED[script]] = root.iterdir()
+    return _UNINTERRUPTED[script]
+
+
+@pytest.fixture
 def uninterrupted(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("uninterrupted")
-    done = run_python("algos/dqn.py", *TOY, "--run-dir", str(root), timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    [run_dir] = root.iterdir()
-    return run_dir
+    return uninterrupted_run("dqn", tmp_path_factory)
 
 
 def assert_same_run(resumed: Path, reference: Path) -> None:
@@ -89,27 +98,29 @@ def assert_same_run(resumed: Path, reference: Path) -> None:
     assert [e["step"] for e in evaluations] == [700, 1400, TOTAL]
 
 
-def resume(run_dir: Path) -> subprocess.CompletedProcess:
-    done = run_python("algos/dqn.py", "--resume", str(run_dir), timeout=600)
+def resume(run_dir: Path, script: str = "dqn") -> subprocess.CompletedProcess:
+    done = run_python(f"algos/{script}.py", "--resume", str(run_dir), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed from" in done.stdout
     return done
 
 
-def test_sigterm_writes_a_checkpoint_exits_0_and_the_resumed_run_is_bit_identical(uninterrupted, tmp_path):
-    process = start(REPO / "algos" / "dqn.py", tmp_path)
+@pytest.mark.parametrize("script", ["dqn", "custom_value_atari"])
+def test_sigterm_writes_a_checkpoint_exits_0_and_the_resumed_run_is_bit_identical(script, tmp_path_factory, tmp_path):
+    uninterrupted = uninterrupted_run(script, tmp_path_factory)
+    process = start(REPO / "algos" / f"{script}.py", tmp_path)
     run_dir = wait_for_checkpoint(tmp_path, process)
     time.sleep(random.Random().uniform(0.0, 1.5))  # a random moment after the first checkpoint
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=300)
     assert process.returncode == 0, err[-3000:]
-    assert "resume with: python algos/dqn.py --resume" in out
+    assert f"resume with: python algos/{script}.py --resume" in out
     receipt = json.loads((run_dir / "receipt.json").read_text())
     assert receipt["status"] == "interrupted"
     newest = list_checkpoints(run_dir)[0]
-    state = read_checkpoint(newest, "dqn.py").state  # loadable
+    state = read_checkpoint(newest, f"{script}.py").state  # loadable
     assert state["global_step"] == receipt["counts"]["env_steps"] < TOTAL
-    resume(run_dir)
+    resume(run_dir, script)
     assert_same_run(run_dir, uninterrupted)
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -140,3 +141,49 @@ def test_stratified_bootstrap_matches_a_plain_loop():
         estimates.append(stats.trim_mean(sample, 0.25))
     assert (low, high) == pytest.approx(tuple(np.percentile(estimates, [2.5, 97.5])))
     assert low <= interquartile_mean(np.concatenate(per_game)) <= high
+
+
+def test_relaunching_resumes_an_interrupted_run_from_its_checkpoint(tmp_path):
+    """A run stopped by SIGTERM (pre-emption) is continued by the next launch of the same grid."""
+    flags = [
+        *TINY,
+        "--total-timesteps",
+        "600",
+        "--checkpoint-every",
+        "200",
+        "--env-id",
+        "tests.toy_envs:ImageBandit-v0",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "true"}
+    command = [sys.executable, "algos/dqn.py", *flags, "--run-dir", str(tmp_path)]
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while not list(tmp_path.glob("*/checkpoints/step_*[0-9]")):
+        assert process.poll() is None, process.communicate()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 0
+    [run_dir] = tmp_path.iterdir()
+    assert json.loads((run_dir / "receipt.json").read_text())["status"] == "interrupted"
+
+    args = ["-m", "cleanrl_utils.benchmark", "--algos", "dqn", "--env-ids", "tests.toy_envs:ImageBandit-v0"]
+    done = run_python(*args, "--seeds", "1", "--run-dir", str(tmp_path), "--", *TINY, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"resuming the unfinished run in {run_dir}" in done.stdout
+    receipt = json.loads((run_dir / "receipt.json").read_text())
+    assert receipt["status"] == "finished" and receipt["counts"]["env_steps"] == 600 and len(receipt["resumes"]) == 1
+    assert [p.name for p in tmp_path.iterdir() if p.name != "logs"] == [run_dir.name]  # no second run folder
+
+
+def test_ray_runs_a_tiny_grid_on_a_local_cluster(tmp_path):
+    """Each run a Ray task on a real local Ray cluster (``--ray-address local`` starts one, as ray.init())."""
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'value-atari[ray]')")
+    args = ["-m", "cleanrl_utils.benchmark", "--algos", "dqn", "--env-ids", "tests.toy_envs:ImageBandit-v0"]
+    args += ["--seeds", "1", "2", "--ray-address", "local", "--run-dir", str(tmp_path)]
+    done = run_python(*args, "--", *TINY, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 finished, 0 failed" in done.stdout
+    for seed in (1, 2):
+        [receipt] = tmp_path.glob(f"tests.toy_envs_ImageBandit-v0__dqn__{seed}__*/receipt.json")
+        assert json.loads(receipt.read_text())["status"] == "finished"
+        assert (
+            "Final eval return" in (tmp_path / "logs" / f"tests.toy_envs_ImageBandit-v0__dqn__{seed}.log").read_text()
+        )

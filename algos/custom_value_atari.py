@@ -1,0 +1,280 @@
+# Your value-based algorithm, compared fairly with the reference scripts; docs in docs/custom_algorithms.md.
+# Copy this file (e.g. to algos/my_algo.py) and edit ONLY the EDITABLE block: a QNetwork (a head over the
+# fixed Nature encoder) and a ValueAlgorithm (networks, optimizer, select_action, update). Everything marked
+# FIXED (arguments, environments, replay, exploration schedule, loop, logging, evaluation) is what every
+# algorithm shares, and cleanrl_utils.harness checks the rules at start-up. As shipped: DQN, as algos/dqn.py.
+import os
+import random
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F  # noqa: F401 (the shipped DQN uses it; your block may not)
+import torch.optim as optim
+import tyro
+
+from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
+from cleanrl_utils.checkpoint import Checkpointer, continue_run
+from cleanrl_utils.checks import check_memory, fail, pick_device, validate_common_args
+from cleanrl_utils.encoder import NatureCNN
+from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
+from cleanrl_utils.evaluation import evaluate
+from cleanrl_utils.harness import ValueAlgorithmBase, check_actions, check_algorithm, check_metrics
+from cleanrl_utils.run import Run
+
+
+# FIXED: the arguments every algorithm shares (CleanRL's dqn_atari.py defaults)
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    device: str = "auto"
+    """auto (CUDA, then MPS, then CPU), cuda, mps or cpu"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "value-atari"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to record the evaluation games as MP4 in the run folder"""
+    save_model: bool = False
+    """whether to save the model into the run folder"""
+    run_dir: str = "runs"
+    """the folder that receives the run folder"""
+    checkpoint_every: int = 250_000
+    """agent steps between checkpoints (0: only on SIGINT/SIGTERM); shorter runs write none"""
+    checkpoint_buffer: bool = False
+    """whether checkpoints hold the replay memory too (exact resume; ~7 GB per 1M transitions)"""
+    checkpoint_keep: int = 3
+    """how many of the newest checkpoints to keep"""
+    resume: str | None = None
+    """a run folder (its newest checkpoint) or one checkpoint folder to continue, in the same run folder"""
+
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """the id of the environment"""
+    total_timesteps: int = 10_000_000
+    """total agent steps of the experiment, summed over environments"""
+    learning_rate: float = 1e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel game environments"""
+    buffer_size: int = 1_000_000
+    """the replay memory buffer size"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 1.0
+    """the target network update rate"""
+    target_network_frequency: int = 1000
+    """the agent steps it takes to update the target network"""
+    batch_size: int = 32
+    """the batch size of sample from the replay memory"""
+    start_e: float = 1.0
+    """the starting epsilon for exploration"""
+    end_e: float = 0.01
+    """the ending epsilon for exploration"""
+    exploration_fraction: float = 0.10
+    """the fraction of `total-timesteps` it takes from start-e to go end-e"""
+    learning_starts: int = 80_000
+    """agent steps to start learning"""
+    train_frequency: int = 4
+    """agent steps per gradient update, whatever the number of environments"""
+    eval_every: int = 500_000
+    """agent steps between evaluations (0: only the final one)"""
+    eval_episodes: int = 10
+    """whole games per evaluation"""
+    eval_epsilon: float = 0.01
+    """epsilon of the evaluation policy (0: greedy)"""
+    parameter_budget: int | None = None
+    """trainable parameters allowed (default: the Nature encoder + the largest head among the reference
+    algorithms for the game's action count, printed at start-up); another value is not a fair comparison"""
+
+
+# ======================= EDITABLE: your algorithm (everything else is FIXED) =======================
+# QNetwork(envs): a head over the fixed Nature encoder (512 features); forward(x) -> (batch, n_actions)
+# Q-values, which evaluation acts on greedily. ValueAlgorithm(envs, device, args): owns the networks
+# (freeze target networks with .requires_grad_(False): every parameter that requires gradients counts
+# against the budget) and the optimizer; select_action(obs, epsilon) -> one integer action per
+# environment; update(batch, global_step) -> dict of metrics with at least td_loss and q_values (floats or
+# one-element tensors: loss.detach() spares the GPU a wait at every update).
+# batch: observations, actions, rewards, next_observations, dones (tensors on the device).
+class QNetwork(nn.Module):
+    def __init__(self, envs):
+        super().__init__()
+        self.encoder = NatureCNN()
+        self.head = nn.Linear(512, envs.single_action_space.n)
+
+    def forward(self, x):
+        return self.head(self.encoder(x))
+
+
+class ValueAlgorithm(ValueAlgorithmBase):
+    """DQN (Mnih et al. 2015): MSE TD loss towards r + gamma * max_a' Q_target(s', a')."""
+
+    def __init__(self, envs, device, args):
+        self.args, self.device = args, device
+        self.n_actions = envs.single_action_space.n
+        self.q_network = QNetwork(envs).to(device)
+        self.optimizer = optim.Adam(self.q_network.parameters(), lr=args.learning_rate)
+        self.target_network = QNetwork(envs).to(device).requires_grad_(False)
+        self.target_network.load_state_dict(self.q_network.state_dict())
+        self.rng = np.random.default_rng(args.seed)
+        self.last_update_step = args.learning_starts
+
+    def select_action(self, obs, epsilon):
+        actions = self.rng.integers(0, self.n_actions, len(obs))
+        greedy = self.rng.random(len(obs)) >= epsilon
+        if greedy.any():
+            with torch.no_grad():
+                q_values = self.q_network(torch.as_tensor(obs[greedy], device=self.device))
+            actions[greedy] = q_values.argmax(dim=1).cpu().numpy()
+        return actions
+
+    def update(self, data, global_step):
+        with torch.no_grad():
+            target_max, _ = self.target_network(data.next_observations).max(dim=1)
+            td_target = data.rewards + self.args.gamma * target_max * (1 - data.dones)
+        old_val = self.q_network(data.observations).gather(1, data.actions.unsqueeze(1)).squeeze(1)
+        loss = F.mse_loss(td_target, old_val)
+
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+
+        # update the target network once global_step passes a multiple of --target-network-frequency
+        frequency = self.args.target_network_frequency
+        if global_step // frequency > self.last_update_step // frequency:
+            for target_param, q_param in zip(
+                self.target_network.parameters(), self.q_network.parameters(), strict=True
+            ):
+                target_param.data.copy_(self.args.tau * q_param.data + (1.0 - self.args.tau) * target_param.data)
+        self.last_update_step = global_step
+        return {"td_loss": loss.detach(), "q_values": old_val.detach().mean()}
+
+
+# ==================================== end of EDITABLE ====================================
+
+
+# FIXED: the exploration schedule
+def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
+    slope = (end_e - start_e) / duration
+    return max(slope * t + start_e, end_e)
+
+
+# FIXED: everything below
+if __name__ == "__main__":
+    setup_start = time.perf_counter()
+    args = tyro.cli(Args)
+    args, resumed = continue_run(args, __file__)  # --resume: the run's own settings; a bad checkpoint stops here
+    validate_common_args(args)
+    if args.parameter_budget is not None and args.parameter_budget <= 0:
+        fail(f"--parameter-budget {args.parameter_budget} must be a positive integer (or left out for the default)")
+    try:
+        check_env_id(args.env_id)
+    except EnvIdError as error:
+        fail(str(error))
+    check_memory(args.buffer_size, bytes_per_transition())
+    device = pick_device(args.device)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    try:
+        envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed)
+    except EnvIdError as error:
+        fail(str(error))
+    algorithm = ValueAlgorithm(envs, device, args)
+    obs = envs.reset()
+    # the rules: unmodified encoder, parameter budget, Q-values and actions of the right shape
+    q_network = check_algorithm(algorithm, QNetwork, envs, obs, device, args.parameter_budget)
+    rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed)
+    run = Run(args, __file__, device, resumed)  # the run folder appears once everything is allocated
+    checkpointer = Checkpointer(run, resumed, replay=rb, envs=envs, algorithm=algorithm)
+    run.timings["setup"] += time.perf_counter() - setup_start
+
+    obs, global_step, update_credit, start_time = checkpointer.start()  # a fresh start, or where the checkpoint left
+    metrics = None
+    while global_step < args.total_timesteps:
+        previous_step = global_step
+        epsilon = linear_schedule(
+            args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+        )
+        with run.timed("acting"):
+            actions = check_actions(algorithm.select_action(obs, epsilon), args.num_envs, envs.n_actions, run)
+        with run.timed("environment"):
+            step = envs.step(actions)
+        global_step += args.num_envs
+        run.counts["env_steps"] = global_step
+        for _, episodic_return, length in step.episode_returns:
+            run.episode(global_step, episodic_return, length)
+
+        # the step after a game ends returns the reset observation: not a transition (mask)
+        rb.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
+        run.counts["transitions_stored"] += int(step.mask.sum())
+        obs = step.next_obs
+
+        if global_step > checkpointer.learning_starts:
+            update_credit += args.num_envs
+            while update_credit >= args.train_frequency:  # one update per train_frequency agent steps
+                update_credit -= args.train_frequency
+                with run.timed("learning"):
+                    data = rb.sample(args.batch_size)
+                    metrics = algorithm.update(data, global_step)
+                    metrics = check_metrics(metrics, global_step, run, sync=run.counts["gradient_updates"] == 0)
+                run.counts["gradient_updates"] += 1
+
+            if global_step // 1000 > previous_step // 1000 and metrics is not None:
+                run.train_metrics(global_step, metrics, q_network)  # stops on non-finite metrics or weights
+
+        if global_step // 100 > previous_step // 100:
+            sps = global_step / (time.time() - start_time)
+            run.scalar("charts/SPS", int(sps), global_step)
+            run.scalar("charts/epsilon", epsilon, global_step)
+            run.show_progress(global_step, args.total_timesteps, sps)
+
+        if (
+            args.eval_every
+            and global_step // args.eval_every > previous_step // args.eval_every
+            and global_step < args.total_timesteps
+        ):
+            with run.timed("evaluation"):
+                result = evaluate(
+                    q_network,
+                    args.env_id,
+                    envs.n_actions,
+                    device,
+                    args.eval_episodes,
+                    args.eval_epsilon,
+                    seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
+                    video_path=run.video_path(global_step),
+                )
+            run.evaluation(global_step, result)
+            run.write_receipt()
+
+        if checkpointer.due(global_step, previous_step):  # periodic, or after SIGINT/SIGTERM (then exits 0)
+            checkpointer.save(global_step, obs, update_credit, start_time)  # algorithm.state_dict() and the rest
+
+    with run.timed("evaluation"):
+        result = evaluate(
+            q_network,
+            args.env_id,
+            envs.n_actions,
+            device,
+            args.eval_episodes,
+            args.eval_epsilon,
+            seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
+            video_path=run.video_path(global_step),
+        )
+    run.evaluation(global_step, result, final=True)
+    if args.save_model:
+        run.save_model(q_network, envs.n_actions)
+    envs.close()
+    run.close()

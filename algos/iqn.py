@@ -1,0 +1,310 @@
+# IQN (Dabney et al. 2018, implicit quantile networks): the network takes a quantile fraction tau as input and
+# returns the tau-quantile of the returns, learned on sampled fractions with the quantile Huber loss; the paper's
+# N = N' = 64, K = 32, 64 cosines, kappa 1; other settings as qrdqn.py (sb3-contrib with the zoo's Atari settings),
+# target every 10k steps; docs in README.md.
+# Departure from the paper: it multiplies the embedding of tau into the 3136 convolution features, before the
+# 512-unit layer; our encoder is fixed and ends with that layer, so the embedding (64 cosines -> 512) multiplies
+# its 512 features instead, and a head 512 -> 512 -> n_actions follows, as the paper's after the product.
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+import tyro
+
+from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
+from cleanrl_utils.checkpoint import Checkpointer, continue_run
+from cleanrl_utils.checks import check_memory, fail, pick_device, validate_common_args
+from cleanrl_utils.encoder import NatureCNN, check_encoder
+from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
+from cleanrl_utils.evaluation import evaluate
+from cleanrl_utils.run import Run
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    device: str = "auto"
+    """auto (CUDA, then MPS, then CPU), cuda, mps or cpu"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "value-atari"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to record the evaluation games as MP4 in the run folder"""
+    save_model: bool = False
+    """whether to save the model into the run folder"""
+    run_dir: str = "runs"
+    """the folder that receives the run folder"""
+    checkpoint_every: int = 250_000
+    """agent steps between checkpoints (0: only on SIGINT/SIGTERM); shorter runs write none"""
+    checkpoint_buffer: bool = False
+    """whether checkpoints hold the replay memory too (exact resume; ~7 GB per 1M transitions)"""
+    checkpoint_keep: int = 3
+    """how many of the newest checkpoints to keep"""
+    resume: str | None = None
+    """a run folder (its newest checkpoint) or one checkpoint folder to continue, in the same run folder"""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """on a non-finite loss: stop the run (its checkpoints kept), or skip that update"""
+
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """the id of the environment"""
+    total_timesteps: int = 10_000_000
+    """total agent steps of the experiment, summed over environments"""
+    learning_rate: float = 5e-5
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel game environments"""
+    buffer_size: int = 1_000_000
+    """the replay memory buffer size"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 1.0
+    """the target network update rate"""
+    target_network_frequency: int = 10_000
+    """the agent steps it takes to update the target network"""
+    batch_size: int = 32
+    """the batch size of sample from the replay memory"""
+    start_e: float = 1.0
+    """the starting epsilon for exploration"""
+    end_e: float = 0.01
+    """the ending epsilon for exploration"""
+    exploration_fraction: float = 0.025
+    """the fraction of `total-timesteps` it takes from start-e to go end-e"""
+    learning_starts: int = 50_000
+    """agent steps to start learning"""
+    train_frequency: int = 4
+    """agent steps per gradient update, whatever the number of environments"""
+    eval_every: int = 500_000
+    """agent steps between evaluations (0: only the final one)"""
+    eval_episodes: int = 10
+    """whole games per evaluation"""
+    eval_epsilon: float = 0.01
+    """epsilon of the evaluation policy (0: greedy)"""
+    n_tau_samples: int = 64
+    """N: the sampled quantile fractions tau of the online network, per transition, for the loss"""
+    n_tau_prime_samples: int = 64
+    """N': the sampled quantile fractions tau' of the target network, per transition, for the target"""
+    n_quantile_samples: int = 32
+    """K: the sampled quantile fractions whose mean quantile is the Q-value, to act and to pick a*"""
+    n_cos: int = 64
+    """the number of cosines cos(pi * i * tau), i = 0..n-1, embedding tau"""
+    kappa: float = 1.0
+    """the threshold of the quantile Huber loss (quadratic below, linear above)"""
+
+
+class QNetwork(nn.Module):
+    def __init__(self, n_actions: int, n_cos: int = 64, n_quantile_samples: int = 32):
+        super().__init__()
+        self.encoder = NatureCNN()
+        self.n_actions, self.n_quantile_samples = n_actions, n_quantile_samples
+        self.register_buffer("cos_frequencies", math.pi * torch.arange(n_cos, dtype=torch.float32))  # pi * i
+        self.phi = nn.Linear(n_cos, 512)  # the embedding of tau
+        self.head = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, n_actions))
+
+    def quantiles(self, x, taus):
+        """Z_tau(x, a), the returns' tau-quantiles, for the fractions taus (batch, N): psi(x) * phi(tau), with
+        phi_j(tau) = ReLU(sum_i cos(pi * i * tau) w_ij + b_j) (eq. 4), then the head; (batch, n_actions, N)"""
+        features = self.encoder(x)  # psi(x), (batch, 512)
+        embedding = F.relu(self.phi(torch.cos(taus.unsqueeze(2) * self.cos_frequencies)))  # (batch, N, 512)
+        return self.head(features.unsqueeze(1) * embedding).transpose(1, 2)
+
+    def forward(self, x):
+        """the Q-values, the mean of K quantiles at fractions drawn uniformly in [0, 1], (batch, n_actions)"""
+        taus = torch.rand(x.shape[0], self.n_quantile_samples, device=x.device)
+        return self.quantiles(x, taus).mean(dim=2)
+
+
+def compute_target_quantiles(target_network, data, gamma: float, n_target: int, k: int):
+    """r + gamma * Z_tau'_j(s', a*) for N' fractions tau'_j drawn uniformly, a* = argmax_a' of the mean of K
+    quantiles of the target network at other uniform fractions, no bootstrap after a terminal; one pass of the
+    encoder serves both. Returns (batch, N')"""
+    with torch.no_grad():
+        taus = torch.rand(len(data.rewards), k + n_target, device=data.rewards.device)
+        next_quantiles = target_network.quantiles(data.next_observations, taus)  # (batch, n_actions, K + N')
+        next_actions = next_quantiles[:, :, :k].mean(dim=2).argmax(dim=1)
+        next_quantiles = next_quantiles[torch.arange(len(next_actions)), next_actions, k:]
+        return data.rewards.unsqueeze(1) + gamma * next_quantiles * (1 - data.dones.unsqueeze(1))
+
+
+def quantile_huber_loss(quantiles, taus, target_quantiles, kappa: float):
+    """Dabney et al. (2018, eq. 3): rho(u) = |tau_i - 1{u < 0}| * L_kappa(u) / kappa, u = T_j - Z_tau_i, with the
+    Huber loss L_kappa(u) = u^2 / 2 if |u| <= kappa else kappa * (|u| - kappa / 2), at the sampled fractions
+    tau_i; summed over the online quantiles i, averaged over the target quantiles j and the batch.
+    quantiles and taus (batch, N), target_quantiles (batch, N') -> scalar"""
+    u = target_quantiles.unsqueeze(1) - quantiles.unsqueeze(2)  # (batch, i, j)
+    huber = torch.where(u.abs() <= kappa, 0.5 * u**2, kappa * (u.abs() - 0.5 * kappa))
+    weight = (taus.unsqueeze(2) - (u.detach() < 0).float()).abs()
+    return (weight * huber / kappa).sum(dim=1).mean()
+
+
+def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
+    slope = (end_e - start_e) / duration
+    return max(slope * t + start_e, end_e)
+
+
+if __name__ == "__main__":
+    setup_start = time.perf_counter()
+    args = tyro.cli(Args)
+    args, resumed = continue_run(args, __file__)  # --resume: the run's own settings; a bad checkpoint stops here
+    validate_common_args(args)
+    for name, paper in (("n_tau_samples", 64), ("n_tau_prime_samples", 64), ("n_quantile_samples", 32), ("n_cos", 64)):
+        flag = "--" + name.replace("_", "-")
+        if getattr(args, name) < 1:
+            fail(f"{flag} {getattr(args, name)} must be a positive integer; the paper uses {flag} {paper}")
+    if not args.kappa > 0:
+        fail(f"--kappa {args.kappa} must be > 0 (the Huber threshold of the quantile loss); use e.g. --kappa 1")
+    try:
+        check_env_id(args.env_id)
+    except EnvIdError as error:
+        fail(str(error))
+    check_memory(args.buffer_size, bytes_per_transition())
+    device = pick_device(args.device)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    try:
+        envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed)
+    except EnvIdError as error:
+        fail(str(error))
+    network_kwargs = dict(n_cos=args.n_cos, n_quantile_samples=args.n_quantile_samples)
+    q_network = QNetwork(envs.n_actions, **network_kwargs).to(device)
+    check_encoder(q_network.encoder)
+    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=0.01 / args.batch_size)
+    target_network = QNetwork(envs.n_actions, **network_kwargs).to(device)
+    target_network.load_state_dict(q_network.state_dict())
+    rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed)
+    rng = np.random.default_rng(args.seed)
+    run = Run(args, __file__, device, resumed)  # the run folder appears once everything is allocated
+    checkpointer = Checkpointer(
+        run,
+        resumed,
+        q_network=q_network,
+        target_network=target_network,
+        optimizer=optimizer,
+        replay=rb,
+        envs=envs,
+        rng=rng,
+    )
+    run.timings["setup"] += time.perf_counter() - setup_start
+
+    obs, global_step, update_credit, start_time = checkpointer.start()  # a fresh start, or where the checkpoint left
+    while global_step < args.total_timesteps:
+        previous_step = global_step
+        epsilon = linear_schedule(
+            args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+        )
+        with run.timed("acting"):
+            actions = rng.integers(0, envs.n_actions, args.num_envs)
+            greedy = rng.random(args.num_envs) >= epsilon
+            if greedy.any():
+                with torch.no_grad():
+                    q_values = q_network(torch.as_tensor(obs[greedy], device=device))
+                actions[greedy] = q_values.argmax(dim=1).cpu().numpy()
+        with run.timed("environment"):
+            step = envs.step(actions)
+        global_step += args.num_envs
+        run.counts["env_steps"] = global_step
+        for _, episodic_return, length in step.episode_returns:
+            run.episode(global_step, episodic_return, length)
+
+        # the step after a game ends returns the reset observation: not a transition (mask)
+        rb.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
+        run.counts["transitions_stored"] += int(step.mask.sum())
+        obs = step.next_obs
+
+        if global_step > checkpointer.learning_starts:
+            update_credit += args.num_envs
+            while update_credit >= args.train_frequency:  # one update per train_frequency agent steps
+                update_credit -= args.train_frequency
+                with run.timed("learning"):
+                    data = rb.sample(args.batch_size)
+                    target_quantiles = compute_target_quantiles(
+                        target_network, data, args.gamma, args.n_tau_prime_samples, args.n_quantile_samples
+                    )
+                    taus = torch.rand(args.batch_size, args.n_tau_samples, device=device)  # N fractions per transition
+                    quantiles = q_network.quantiles(data.observations, taus)[
+                        torch.arange(args.batch_size), data.actions
+                    ]
+                    loss = quantile_huber_loss(quantiles, taus, target_quantiles, args.kappa)
+                    old_val = quantiles.detach().mean(dim=1)  # Q(s, a)
+
+                    optimizer.zero_grad()
+                    loss.backward()
+                    if args.on_nonfinite == "skip" and not torch.isfinite(loss):  # host sync only in skip mode
+                        run.counts["skipped_updates"] += 1
+                        continue
+                    optimizer.step()
+                run.counts["gradient_updates"] += 1
+
+            if global_step // 1000 > previous_step // 1000 and run.counts["gradient_updates"] > 0:
+                # the only host synchronisation of the loop; a non-finite value stops the run here
+                td_loss, q_mean = loss, old_val.mean()
+                run.train_metrics(global_step, {"td_loss": td_loss, "q_values": q_mean}, q_network)
+
+            # update target network
+            if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
+                for target_param, q_param in zip(target_network.parameters(), q_network.parameters(), strict=True):
+                    target_param.data.copy_(args.tau * q_param.data + (1.0 - args.tau) * target_param.data)
+
+        if global_step // 100 > previous_step // 100:
+            sps = global_step / (time.time() - start_time)
+            run.scalar("charts/SPS", int(sps), global_step)
+            run.scalar("charts/epsilon", epsilon, global_step)
+            run.show_progress(global_step, args.total_timesteps, sps)
+
+        if (
+            args.eval_every
+            and global_step // args.eval_every > previous_step // args.eval_every
+            and global_step < args.total_timesteps
+        ):
+            with run.timed("evaluation"):
+                result = evaluate(
+                    q_network,
+                    args.env_id,
+                    envs.n_actions,
+                    device,
+                    args.eval_episodes,
+                    args.eval_epsilon,
+                    seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
+                    video_path=run.video_path(global_step),
+                )
+            run.evaluation(global_step, result)
+            run.write_receipt()
+
+        if checkpointer.due(global_step, previous_step):  # periodic, or after SIGINT/SIGTERM (then exits 0)
+            checkpointer.save(global_step, obs, update_credit, start_time)
+
+    with run.timed("evaluation"):
+        result = evaluate(
+            q_network,
+            args.env_id,
+            envs.n_actions,
+            device,
+            args.eval_episodes,
+            args.eval_epsilon,
+            seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
+            video_path=run.video_path(global_step),
+        )
+    run.evaluation(global_step, result, final=True)
+    if args.save_model:
+        run.save_model(q_network, envs.n_actions, **network_kwargs)
+    envs.close()
+    run.close()

@@ -1,0 +1,370 @@
+# Rainbow (Hessel et al. 2018): C51's distributional loss + Double DQN's action selection + a dueling head
+# + noisy layers for exploration (no epsilon-greedy) + 3-step returns + prioritized replay, with the paper's
+# Atari settings; docs in README.md. The network is the fixed Nature encoder (its 512-unit layer stands for the
+# paper's noisy hidden layers of 512, which our fixed encoder cannot have) and a dueling head of noisy layers.
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+import tyro
+
+from cleanrl_utils.buffer import bytes_per_transition
+from cleanrl_utils.checkpoint import Checkpointer, continue_run
+from cleanrl_utils.checks import check_memory, fail, pick_device, validate_common_args
+from cleanrl_utils.encoder import NatureCNN, check_encoder
+from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
+from cleanrl_utils.evaluation import evaluate
+from cleanrl_utils.noisy import NoisyLinear, mean_sigma, reset_noise
+from cleanrl_utils.prioritized import PRIORITY_BYTES, PrioritizedReplayBuffer
+from cleanrl_utils.run import Run
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    device: str = "auto"
+    """auto (CUDA, then MPS, then CPU), cuda, mps or cpu"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "value-atari"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to record the evaluation games as MP4 in the run folder"""
+    save_model: bool = False
+    """whether to save the model into the run folder"""
+    run_dir: str = "runs"
+    """the folder that receives the run folder"""
+    checkpoint_every: int = 250_000
+    """agent steps between checkpoints (0: only on SIGINT/SIGTERM); shorter runs write none"""
+    checkpoint_buffer: bool = False
+    """whether checkpoints hold the replay memory too (exact resume; ~7 GB per 1M transitions)"""
+    checkpoint_keep: int = 3
+    """how many of the newest checkpoints to keep"""
+    resume: str | None = None
+    """a run folder (its newest checkpoint) or one checkpoint folder to continue, in the same run folder"""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """on a non-finite loss: stop the run (its checkpoints kept), or skip that update"""
+
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """the id of the environment"""
+    total_timesteps: int = 10_000_000
+    """total agent steps of the experiment, summed over environments"""
+    learning_rate: float = 6.25e-5
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel game environments"""
+    buffer_size: int = 1_000_000
+    """the replay memory buffer size"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 1.0
+    """the target network update rate"""
+    target_network_frequency: int = 8_000
+    """the agent steps it takes to update the target network (32k frames)"""
+    batch_size: int = 32
+    """the batch size of sample from the replay memory"""
+    start_e: float = 0.0
+    """the starting epsilon for exploration (0: the noisy layers explore)"""
+    end_e: float = 0.0
+    """the ending epsilon for exploration (0: the noisy layers explore)"""
+    exploration_fraction: float = 0.10
+    """the fraction of `total-timesteps` it takes from start-e to go end-e"""
+    learning_starts: int = 20_000
+    """agent steps to start learning (80k frames)"""
+    train_frequency: int = 4
+    """agent steps per gradient update, whatever the number of environments"""
+    eval_every: int = 500_000
+    """agent steps between evaluations (0: only the final one)"""
+    eval_episodes: int = 10
+    """whole games per evaluation"""
+    eval_epsilon: float = 0.01
+    """epsilon of the evaluation policy (0: greedy)"""
+    n_atoms: int = 51
+    """the number of atoms of the return distribution's support"""
+    v_min: float = -10.0
+    """the lowest return of the support"""
+    v_max: float = 10.0
+    """the highest return of the support"""
+    n_step: int = 3
+    """the number of steps of the multi-step return (stops at episode ends)"""
+    noisy_sigma: float = 0.5
+    """sigma_0 of the noisy layers' factorised Gaussian noise"""
+    prioritized_alpha: float = 0.5
+    """the priority exponent: p = (loss + eps) ** alpha (0: uniform sampling)"""
+    prioritized_beta: float = 0.4
+    """the importance-sampling exponent at the start, annealed linearly to 1 over `total-timesteps`"""
+    prioritized_eps: float = 1e-6
+    """added to the loss before the exponent, so that no transition's priority is 0"""
+    adam_eps: float = 1.5e-4
+    """the epsilon of the Adam optimizer"""
+
+
+class QNetwork(nn.Module):
+    def __init__(
+        self, n_actions: int, n_atoms: int = 51, v_min: float = -10.0, v_max: float = 10.0, noisy_sigma: float = 0.5
+    ):
+        super().__init__()
+        self.encoder = NatureCNN()
+        self.n_actions, self.n_atoms = n_actions, n_atoms
+        self.register_buffer("atoms", torch.linspace(v_min, v_max, n_atoms))  # the support z_1..z_N
+        self.value = NoisyLinear(512, n_atoms, noisy_sigma)  # dueling: a value stream
+        self.advantage = NoisyLinear(512, n_actions * n_atoms, noisy_sigma)  # and an advantage stream
+
+    def log_distribution(self, x):
+        """log-probabilities of the returns on the atoms, (batch, n_actions, n_atoms)"""
+        features = self.encoder(x)
+        value = self.value(features).view(-1, 1, self.n_atoms)
+        advantage = self.advantage(features).view(-1, self.n_actions, self.n_atoms)
+        return F.log_softmax(dueling_logits(value, advantage), dim=2)
+
+    def distribution(self, x):
+        """probabilities of the returns on the atoms, (batch, n_actions, n_atoms)"""
+        return self.log_distribution(x).exp()
+
+    def forward(self, x):
+        """expected returns, the Q-values, (batch, n_actions)"""
+        return (self.distribution(x) * self.atoms).sum(dim=2)
+
+
+def dueling_logits(value, advantage):
+    """Wang et al. (2016) per atom, as Rainbow: v(s) + a(s, a) - mean_a' a(s, a'); value (batch, 1, N),
+    advantage (batch, n_actions, N) -> logits (batch, n_actions, N), softmaxed over the atoms afterwards"""
+    return value + advantage - advantage.mean(dim=1, keepdim=True)
+
+
+def project_distribution(next_probs, rewards, discounts, atoms):
+    """The categorical projection of Bellemare et al. (2017, Algorithm 1) for an n-step return, vectorised over
+    the batch: each target atom R + discount * z_j (R the n-step discounted reward sum, discount gamma^n, or 0
+    after a terminal: no bootstrap), clipped to [v_min, v_max], gives its probability p_j to the two nearest
+    support points in proportion to closeness, z_i receiving p_j * max(0, 1 - |Tz_j - z_i| / delta_z).
+    next_probs (batch, N), rewards and discounts (batch,), atoms (N,)"""
+    delta_z = (atoms[-1] - atoms[0]) / (len(atoms) - 1)
+    tz = (rewards.unsqueeze(1) + discounts.unsqueeze(1) * atoms).clamp(atoms[0], atoms[-1])
+    closeness = (1 - (tz.unsqueeze(1) - atoms.view(1, -1, 1)).abs() / delta_z).clamp(min=0)  # (batch, i, j)
+    return (closeness * next_probs.unsqueeze(1)).sum(dim=2)
+
+
+def compute_target_distribution(q_network, target_network, data):
+    """Double: the projection of R + gamma^n * Z_target(s', a*) with a* = argmax_a' E[Z_online(s', a')], the
+    online network choosing and the target network evaluating; s' the state n steps later; (batch, N)"""
+    with torch.no_grad():
+        next_actions = q_network(data.next_observations).argmax(dim=1)
+        next_probs = target_network.distribution(data.next_observations)
+        next_probs = next_probs[torch.arange(len(next_actions)), next_actions]
+        return project_distribution(next_probs, data.rewards, data.discounts, target_network.atoms)
+
+
+def cross_entropy(target_probs, log_probs):
+    """-sum_i target_i * log p_i per transition, the loss and the priority; (batch, N), (batch, N) -> (batch,)"""
+    return -(target_probs * log_probs).sum(dim=1)
+
+
+def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
+    slope = (end_e - start_e) / duration
+    return max(slope * t + start_e, end_e)
+
+
+def beta_schedule(beta_0: float, duration: int, t: int):
+    """the importance-sampling exponent, from beta_0 at step 0 linearly to 1 at step `duration`"""
+    return beta_0 + (1.0 - beta_0) * min(1.0, t / duration)
+
+
+if __name__ == "__main__":
+    setup_start = time.perf_counter()
+    args = tyro.cli(Args)
+    args, resumed = continue_run(args, __file__)  # --resume: the run's own settings; a bad checkpoint stops here
+    validate_common_args(args)
+    if args.n_atoms < 2:
+        fail(f"--n-atoms {args.n_atoms} must be at least 2 (the support's two ends); use e.g. --n-atoms 51")
+    if not (np.isfinite(args.v_min) and np.isfinite(args.v_max) and args.v_min < args.v_max):
+        fail(
+            f"--v-min {args.v_min} must be below --v-max {args.v_max}, both finite (the support is "
+            "[v-min, v-max]); lower --v-min or raise --v-max, e.g. --v-min -10 --v-max 10"
+        )
+    if args.n_step < 1:
+        fail(f"--n-step {args.n_step} must be a positive integer (1: one-step returns; Rainbow uses 3)")
+    if not (np.isfinite(args.noisy_sigma) and args.noisy_sigma >= 0):
+        fail(f"--noisy-sigma {args.noisy_sigma} must be >= 0 and finite (0: no noise; Rainbow uses 0.5)")
+    if not (np.isfinite(args.prioritized_alpha) and args.prioritized_alpha >= 0):
+        fail(f"--prioritized-alpha {args.prioritized_alpha} must be >= 0 (0: uniform sampling; Rainbow uses 0.5)")
+    if not 0.0 <= args.prioritized_beta <= 1.0:
+        fail(f"--prioritized-beta {args.prioritized_beta} must be in [0, 1] (annealed to 1; Rainbow starts at 0.4)")
+    if not (np.isfinite(args.prioritized_eps) and args.prioritized_eps > 0):
+        fail(f"--prioritized-eps {args.prioritized_eps} must be > 0 and finite; use e.g. --prioritized-eps 1e-6")
+    if not (np.isfinite(args.adam_eps) and args.adam_eps > 0):
+        fail(f"--adam-eps {args.adam_eps} must be > 0 (Rainbow uses 1.5e-4)")
+    slots = -(-args.buffer_size // args.num_envs)
+    if slots < 4 + args.n_step + 1:
+        fail(
+            f"--buffer-size {args.buffer_size} gives {slots} replay slots per environment with --num-envs "
+            f"{args.num_envs}; --n-step {args.n_step} needs at least {4 + args.n_step + 1}: raise --buffer-size "
+            f"to at least {(4 + args.n_step + 1) * args.num_envs} or lower --n-step"
+        )
+    try:
+        check_env_id(args.env_id)
+    except EnvIdError as error:
+        fail(str(error))
+    check_memory(args.buffer_size, bytes_per_transition() + PRIORITY_BYTES)
+    device = pick_device(args.device)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    try:
+        envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed)
+    except EnvIdError as error:
+        fail(str(error))
+    network_kwargs = dict(n_atoms=args.n_atoms, v_min=args.v_min, v_max=args.v_max, noisy_sigma=args.noisy_sigma)
+    q_network = QNetwork(envs.n_actions, **network_kwargs).to(device)
+    check_encoder(q_network.encoder)
+    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    target_network = QNetwork(envs.n_actions, **network_kwargs).to(device)
+    target_network.load_state_dict(q_network.state_dict())
+    rb = PrioritizedReplayBuffer(
+        args.buffer_size,
+        args.num_envs,
+        device=device,
+        n_step=args.n_step,
+        gamma=args.gamma,
+        seed=args.seed,
+        alpha=args.prioritized_alpha,
+        eps=args.prioritized_eps,
+    )
+    rng = np.random.default_rng(args.seed)
+    run = Run(args, __file__, device, resumed)  # the run folder appears once everything is allocated
+    checkpointer = Checkpointer(
+        run,
+        resumed,
+        q_network=q_network,
+        target_network=target_network,
+        optimizer=optimizer,
+        replay=rb,
+        envs=envs,
+        rng=rng,
+    )
+    run.timings["setup"] += time.perf_counter() - setup_start
+
+    obs, global_step, update_credit, start_time = checkpointer.start()  # a fresh start, or where the checkpoint left
+    while global_step < args.total_timesteps:
+        previous_step = global_step
+        epsilon = linear_schedule(
+            args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+        )
+        with run.timed("acting"):
+            if global_step <= checkpointer.learning_starts:  # before learning, a new noise draw at every step
+                reset_noise(q_network)
+            actions = rng.integers(0, envs.n_actions, args.num_envs)
+            greedy = rng.random(args.num_envs) >= epsilon
+            if greedy.any():
+                with torch.no_grad():
+                    q_values = q_network(torch.as_tensor(obs[greedy], device=device))
+                actions[greedy] = q_values.argmax(dim=1).cpu().numpy()
+        with run.timed("environment"):
+            step = envs.step(actions)
+        global_step += args.num_envs
+        run.counts["env_steps"] = global_step
+        for _, episodic_return, length in step.episode_returns:
+            run.episode(global_step, episodic_return, length)
+
+        # the step after a game ends returns the reset observation: not a transition (mask)
+        rb.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
+        run.counts["transitions_stored"] += int(step.mask.sum())
+        obs = step.next_obs
+
+        if global_step > checkpointer.learning_starts:
+            update_credit += args.num_envs
+            while update_credit >= args.train_frequency:  # one update per train_frequency agent steps
+                update_credit -= args.train_frequency
+                with run.timed("learning"):
+                    reset_noise(q_network)  # a new noise draw per update, independent for the two networks;
+                    reset_noise(target_network)  # acting uses the online one's until the next update
+                    beta = beta_schedule(args.prioritized_beta, args.total_timesteps, global_step)
+                    data = rb.sample(args.batch_size, beta)
+                    target_probs = compute_target_distribution(q_network, target_network, data)
+                    log_probs = q_network.log_distribution(data.observations)
+                    log_probs = log_probs[torch.arange(args.batch_size), data.actions]  # the taken actions'
+                    losses = cross_entropy(target_probs, log_probs)
+                    loss = (data.weights * losses).mean()  # importance-sampling weights correct the priorities
+                    old_val = (log_probs.detach().exp() * q_network.atoms).sum(dim=1)  # E[Z(s, a)]
+
+                    optimizer.zero_grad()
+                    loss.backward()
+                    if args.on_nonfinite == "skip" and not torch.isfinite(loss):  # host sync only in skip mode
+                        run.counts["skipped_updates"] += 1
+                        continue
+                    optimizer.step()
+                    # new priorities: each transition's loss (the paper's KL plus the target's entropy)
+                    rb.update_priorities(data.indices, losses.detach())
+                run.counts["gradient_updates"] += 1
+
+            if global_step // 1000 > previous_step // 1000 and run.counts["gradient_updates"] > 0:
+                # a non-finite value stops the run here; td_loss is the unweighted cross-entropy, as c51's
+                td_loss, q_mean = losses.mean(), old_val.mean()
+                metrics = {"td_loss": td_loss, "q_values": q_mean, "beta": beta, "noisy_sigma": mean_sigma(q_network)}
+                run.train_metrics(global_step, metrics, q_network)
+
+            # update target network
+            if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
+                for target_param, q_param in zip(target_network.parameters(), q_network.parameters(), strict=True):
+                    target_param.data.copy_(args.tau * q_param.data + (1.0 - args.tau) * target_param.data)
+
+        if global_step // 100 > previous_step // 100:
+            sps = global_step / (time.time() - start_time)
+            run.scalar("charts/SPS", int(sps), global_step)
+            run.scalar("charts/epsilon", epsilon, global_step)
+            run.show_progress(global_step, args.total_timesteps, sps)
+
+        if (
+            args.eval_every
+            and global_step // args.eval_every > previous_step // args.eval_every
+            and global_step < args.total_timesteps
+        ):
+            with run.timed("evaluation"):
+                result = evaluate(
+                    q_network,
+                    args.env_id,
+                    envs.n_actions,
+                    device,
+                    args.eval_episodes,
+                    args.eval_epsilon,
+                    seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
+                    video_path=run.video_path(global_step),
+                )
+            run.evaluation(global_step, result)
+            run.write_receipt()
+
+        if checkpointer.due(global_step, previous_step):  # periodic, or after SIGINT/SIGTERM (then exits 0)
+            checkpointer.save(global_step, obs, update_credit, start_time)
+
+    with run.timed("evaluation"):
+        result = evaluate(
+            q_network,
+            args.env_id,
+            envs.n_actions,
+            device,
+            args.eval_episodes,
+            args.eval_epsilon,
+            seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
+            video_path=run.video_path(global_step),
+        )
+    run.evaluation(global_step, result, final=True)
+    if args.save_model:
+        run.save_model(q_network, envs.n_actions, **network_kwargs)
+    envs.close()
+    run.close()

@@ -1,0 +1,379 @@
+"""The rules of algos/custom_value_atari.py, the fair-comparison template for new algorithms.
+
+A custom algorithm is a ``QNetwork`` (a head over the fixed Nature encoder) and a
+``ValueAlgorithm`` (networks, optimizer, ``select_action``, ``update``); everything else is the
+template's fixed part. These checks run at start-up (and on every action and update), and each
+stops the run with one line that says what is wrong and how to fix it:
+
+- ``check_network``: the Q-network's ``encoder`` is the unmodified ``NatureCNN`` (its type, its
+  layers, its shapes and its 1,684,128 parameters) and ``forward`` gives one finite Q-value per
+  action.
+- ``check_parameter_budget``: the parameters the algorithm trains fit the budget. Trainable means
+  ``requires_grad=True`` (or held by one of its optimizers), over every ``nn.Module`` the
+  algorithm holds, each parameter counted once; target networks must be frozen with
+  ``.requires_grad_(False)`` so that they do not count. The default budget is the Nature encoder
+  plus the largest head among the reference algorithms for the game's action count
+  (``parameter_budget``, ``REFERENCE_HEADS``): non-crossing QR-DQN's (200 quantiles per action,
+  plus a scale and a shift) for 3 actions or more, IQN's for 2.
+- ``check_actions``: ``select_action`` gives one integer action in ``[0, n_actions)`` per
+  environment.
+- ``check_metrics``: ``update`` returns a dict of numbers with at least ``td_loss`` and
+  ``q_values``, finite at the first update (and, through ``Run.train_metrics``, at every logging
+  step, every 1000 agent steps).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import numbers
+import random
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any, NoReturn
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from cleanrl_utils.checks import fail
+from cleanrl_utils.encoder import NATURE_CNN_PARAMETERS, NatureCNN, check_encoder
+
+REQUIRED_METRICS = ("td_loss", "q_values")
+
+
+def _linear(inputs: int, outputs: int) -> int:
+    return inputs * outputs + outputs
+
+
+# The head (everything but the encoder) of each reference script's QNetwork with its default settings,
+# in parameters, for n actions; tests/test_custom.py checks each against the script itself.
+REFERENCE_HEADS: dict[str, Callable[[int], int]] = {
+    "dqn": lambda n: _linear(512, n),
+    "double_dqn": lambda n: _linear(512, n),
+    "mdqn": lambda n: _linear(512, n),
+    "c51": lambda n: _linear(512, 51 * n),  # 51 atoms
+    "qrdqn": lambda n: _linear(512, 200 * n),  # 200 quantiles
+    "nc_qrdqn": lambda n: _linear(512, 200 * n) + _linear(512, 2 * n),  # 200 quantile logits, scale and shift
+    "iqn": lambda n: _linear(64, 512) + _linear(512, 512) + _linear(512, n),  # cosine embedding, 512 -> 512 -> n
+    "rainbow": lambda n: 2 * (_linear(512, 51) + _linear(512, 51 * n)),  # noisy dueling: means and sigmas
+}
+
+
+def largest_reference_head(n_actions: int) -> tuple[str, int]:
+    """The reference algorithm with the largest head for ``n_actions`` and that head's parameters."""
+    name = max(REFERENCE_HEADS, key=lambda algo: REFERENCE_HEADS[algo](n_actions))
+    return name, REFERENCE_HEADS[name](n_actions)
+
+
+def parameter_budget(n_actions: int) -> int:
+    """The default budget: the Nature encoder plus the largest reference head for ``n_actions``
+    (non-crossing QR-DQN's 200 quantiles for 3 actions or more, IQN's for 2)."""
+    return NATURE_CNN_PARAMETERS + largest_reference_head(n_actions)[1]
+
+
+def _members(value: Any, name: str) -> Iterator[tuple[str, Any]]:
+    """``(name, value)``, looking inside lists, tuples and dicts (an ensemble of networks, say)."""
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _members(item, f"{name}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _members(item, f"{name}[{key!r}]")
+    else:
+        yield name, value
+
+
+def _attributes(algorithm: Any) -> Iterator[tuple[str, Any]]:
+    for name, value in vars(algorithm).items():
+        yield from _members(value, name)
+
+
+def modules_of(algorithm: Any) -> dict[str, nn.Module]:
+    """Every ``nn.Module`` the algorithm holds, by attribute name (``ensemble[0]`` inside a list)."""
+    return {n: v for n, v in _attributes(algorithm) if isinstance(v, nn.Module)}
+
+
+def optimizers_of(algorithm: Any) -> dict[str, torch.optim.Optimizer]:
+    return {n: v for n, v in _attributes(algorithm) if isinstance(v, torch.optim.Optimizer)}
+
+
+def trainable_parameters(algorithm: Any) -> tuple[int, dict[str, int]]:
+    """The number of trained parameters (each counted once) and how many each module holds."""
+    seen: set[int] = set()
+    per_module: dict[str, int] = {}
+    for name, module in modules_of(algorithm).items():
+        count = 0
+        for p in module.parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                count += p.numel()
+        if count:
+            per_module[name] = count
+    for name, optimizer in optimizers_of(algorithm).items():
+        count = 0
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    count += p.numel()
+        if count:
+            per_module[f"{name} (parameters outside the modules)"] = count
+    return sum(per_module.values()), per_module
+
+
+def check_network(q_network: nn.Module, n_actions: int, obs: np.ndarray, device: torch.device) -> None:
+    """The encoder is the unmodified Nature CNN and ``forward`` gives one Q-value per action."""
+    encoder = getattr(q_network, "encoder", None)
+    if encoder is None:
+        fail(
+            "QNetwork has no `encoder` attribute; build the head over the fixed encoder: "
+            "`self.encoder = NatureCNN()` (from cleanrl_utils.encoder) and `forward(x)` = head(encoder(x))"
+        )
+    if type(encoder) is not NatureCNN:
+        fail(
+            f"QNetwork.encoder is a {type(encoder).__name__}, not cleanrl_utils' NatureCNN itself "
+            "(a subclass may change what it computes); use `self.encoder = NatureCNN()` unchanged and put "
+            "the algorithm's own layers in the head"
+        )
+    try:
+        check_encoder(encoder)
+    except ValueError as error:
+        fail(f"QNetwork.encoder is not the unmodified Nature CNN: {error}")
+    if repr(encoder) != repr(NatureCNN()):
+        fail(
+            f"QNetwork.encoder's layers differ from the Nature CNN's (activations, strides or order):\n{encoder}\n"
+            "use `self.encoder = NatureCNN()` unchanged and put the algorithm's own layers in the head"
+        )
+    with torch.no_grad():
+        q_values = q_network(torch.as_tensor(obs[:1], device=device))
+    if not isinstance(q_values, torch.Tensor) or tuple(q_values.shape) != (1, n_actions):
+        shape = tuple(q_values.shape) if isinstance(q_values, torch.Tensor) else type(q_values).__name__
+        fail(
+            f"QNetwork.forward returned {shape} for a batch of 1 observation; it must return one Q-value per "
+            f"action, shape (batch, n_actions) = (1, {n_actions}): evaluation acts on its argmax"
+        )
+    if not q_values.is_floating_point() or not torch.isfinite(q_values).all():
+        fail(f"QNetwork.forward returned {q_values.tolist()}; Q-values must be finite floating-point numbers")
+
+
+def check_parameter_budget(algorithm: Any, n_actions: int, budget: int | None = None) -> tuple[int, int]:
+    """Refuse an algorithm that trains more parameters than the budget; print both figures."""
+    default = parameter_budget(n_actions)
+    limit = default if budget is None else budget
+    if not optimizers_of(algorithm):
+        fail(
+            "ValueAlgorithm holds no torch.optim optimizer as an attribute (e.g. `self.optimizer = "
+            "optim.Adam(self.q_network.parameters(), lr=args.learning_rate)`); the harness checkpoints it"
+        )
+    count, per_module = trainable_parameters(algorithm)
+    detail = ", ".join(f"{name} {n:,}" for name, n in per_module.items())
+    reference, head = largest_reference_head(n_actions)
+    origin = (
+        f"Nature encoder {NATURE_CNN_PARAMETERS:,} + the largest reference head for {n_actions} actions, "
+        f"{reference}'s, {head:,}"
+    )
+    if count > limit:
+        frozen_hint = ""
+        optimized = {id(p) for opt in optimizers_of(algorithm).values() for g in opt.param_groups for p in g["params"]}
+        untrained = [
+            name
+            for name, module in modules_of(algorithm).items()
+            if any(p.requires_grad and id(p) not in optimized for p in module.parameters())
+        ]
+        if untrained:
+            frozen_hint = (
+                f"; {', '.join(untrained)} require gradients but no optimizer trains them: if they are target "
+                "networks, freeze them with `.requires_grad_(False)` so they do not count"
+            )
+        fail(
+            f"ValueAlgorithm trains {count:,} parameters ({detail}), over the budget of {limit:,} "
+            + (f"({origin})" if budget is None else "(--parameter-budget)")
+            + frozen_hint
+            + "; make the head smaller, or pass --parameter-budget N to run outside the fair-comparison budget"
+        )
+    if budget is None:
+        print(f"parameter budget: {limit:,} trainable parameters ({origin})", flush=True)
+    else:
+        print(
+            f"parameter budget: {limit:,} trainable parameters set by --parameter-budget (the default, {default:,}, "
+            "keeps comparisons with the reference algorithms fair)",
+            flush=True,
+        )
+    print(f"ValueAlgorithm trains {count:,} parameters ({detail}), {100 * count / limit:.1f}% of the budget")
+    return count, limit
+
+
+def _stop(run: Any, status: str, message: str) -> NoReturn:
+    """Mark the run failed (when one exists) and stop with the message."""
+    if run is not None:
+        run.close(status=f"failed: {status}")
+    fail(message)
+
+
+def check_actions(actions: Any, num_envs: int, n_actions: int, run: Any = None) -> np.ndarray:
+    """One integer action in [0, n_actions) per environment, as the int64 array the environments take."""
+    if isinstance(actions, torch.Tensor):
+        actions = actions.detach().cpu().numpy()
+    array = np.asarray(actions)
+    if array.shape != (num_envs,):
+        _stop(
+            run,
+            "invalid actions",
+            f"ValueAlgorithm.select_action returned actions of shape {array.shape}; expected ({num_envs},): "
+            f"one action per environment (--num-envs {num_envs})",
+        )
+    if not np.issubdtype(array.dtype, np.integer):
+        _stop(
+            run,
+            "invalid actions",
+            f"ValueAlgorithm.select_action returned {array.dtype} actions; they must be integers (e.g. argmax)",
+        )
+    if array.size and (array.min() < 0 or array.max() >= n_actions):
+        _stop(
+            run,
+            "invalid actions",
+            f"ValueAlgorithm.select_action returned actions {array.tolist()}; each must lie in [0, {n_actions})",
+        )
+    return array.astype(np.int64, copy=False)
+
+
+def check_metrics(metrics: Any, global_step: int, run: Any = None, sync: bool = True) -> dict[str, Any]:
+    """``update``'s metrics: a dict of numbers (Python numbers or one-element tensors) with at least
+    ``td_loss`` and ``q_values``, returned with those two first. With ``sync`` (the template's first
+    update) they are read as floats and must be finite; without it only their kind is checked, so a
+    GPU is not made to wait at every update (``Run.train_metrics`` stops the run on a non-finite
+    value every 1000 steps)."""
+    if not isinstance(metrics, dict):
+        _stop(
+            run,
+            "invalid metrics",
+            f"ValueAlgorithm.update returned a {type(metrics).__name__}; it must return a dict of float metrics",
+        )
+    missing = [key for key in REQUIRED_METRICS if key not in metrics]
+    if missing:
+        _stop(
+            run,
+            "invalid metrics",
+            f"ValueAlgorithm.update's metrics {sorted(map(str, metrics))} lack {', '.join(missing)}; every "
+            "algorithm reports td_loss (its loss) and q_values (the mean Q-value of the batch's actions)",
+        )
+    for key, value in metrics.items():
+        if not isinstance(key, str) or not key.isidentifier():
+            _stop(
+                run,
+                "invalid metrics",
+                f"ValueAlgorithm.update's metric name {key!r} must be a name like td_loss (letters, digits, _)",
+            )
+        number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if not (number or (isinstance(value, torch.Tensor) and value.numel() == 1)):
+            kind = f"tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+            _stop(
+                run,
+                "invalid metrics",
+                f"ValueAlgorithm.update's metric {key} is a {kind}; each metric must be one number "
+                "(a float, or a one-element tensor such as loss.detach())",
+            )
+    order = [*REQUIRED_METRICS, *(key for key in metrics if key not in REQUIRED_METRICS)]
+    if not sync:
+        return {key: metrics[key] for key in order}  # td_loss and q_values first, as every script prints
+    values = {key: float(metrics[key]) for key in order}
+    bad = [f"{key}={value}" for key, value in values.items() if not math.isfinite(value)]
+    if bad:
+        _stop(
+            run,
+            "non-finite metrics",
+            f"ValueAlgorithm.update returned {', '.join(bad)} at step {global_step}; metrics must be finite "
+            "(a diverging loss: lower --learning-rate, clip gradients, or look for log(0) or 0/0 in the loss)",
+        )
+    return values
+
+
+class ValueAlgorithmBase:
+    """``state_dict`` / ``load_state_dict`` over everything a checkpoint needs: the networks and
+    optimizers the algorithm holds, its numpy random generators, and its plain numbers (counters,
+    settings); ``args`` and ``device`` are left out."""
+
+    def _state_members(self) -> dict[str, Any]:
+        members = {}
+        for name, value in vars(self).items():
+            if name in ("args", "device"):
+                continue
+            if isinstance(value, (nn.Module, torch.optim.Optimizer, np.random.Generator)):
+                members[name] = value
+            elif isinstance(value, numbers.Number):  # counters and settings (numpy scalars too)
+                members[name] = value
+        return members
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {}
+        for name, value in self._state_members().items():
+            if isinstance(value, (nn.Module, torch.optim.Optimizer)):
+                state[name] = value.state_dict()
+            elif isinstance(value, np.random.Generator):
+                state[name] = value.bit_generator.state
+            else:
+                state[name] = value.item() if isinstance(value, np.generic) else value
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        members = self._state_members()
+        unknown = sorted(set(state) - set(members))
+        missing = sorted(set(members) - set(state))
+        if unknown or missing:
+            raise KeyError(f"checkpoint does not match the ValueAlgorithm: missing {missing}, unexpected {unknown}")
+        for name, value in members.items():
+            if isinstance(value, (nn.Module, torch.optim.Optimizer)):
+                value.load_state_dict(state[name])
+            elif isinstance(value, np.random.Generator):
+                value.bit_generator.state = state[name]
+            else:
+                setattr(self, name, state[name])
+
+
+def network_spec(n_actions: int) -> Any:
+    """What ``QNetwork(envs)`` reads from ``envs``, for rebuilding a saved network without environments."""
+    return SimpleNamespace(single_action_space=gym.spaces.Discrete(n_actions), n_actions=n_actions, num_envs=1)
+
+
+def check_algorithm(
+    algorithm: Any,
+    q_network_class: type,
+    envs: Any,
+    obs: np.ndarray,
+    device: torch.device,
+    budget: int | None = None,
+) -> nn.Module:
+    """Every start-up rule; returns the Q-network that evaluation plays with (``algorithm.q_network``).
+
+    ``forward`` and ``select_action`` (at epsilon 0 and 1) are tried on ``obs``; the algorithm's state
+    and the global random generators are restored afterwards, so the checks do not change the run."""
+    for method in ("select_action", "update", "state_dict", "load_state_dict"):
+        if not callable(getattr(algorithm, method, None)):
+            fail(
+                f"ValueAlgorithm has no {method}() method; it needs select_action(obs, epsilon), "
+                "update(batch, global_step) and, from ValueAlgorithmBase, state_dict() / load_state_dict()"
+            )
+    q_network = getattr(algorithm, "q_network", None)
+    if not isinstance(q_network, q_network_class):
+        fail(
+            f"ValueAlgorithm.q_network is a {type(q_network).__name__}, not a QNetwork; set "
+            "`self.q_network = QNetwork(envs).to(device)`: evaluation plays with it"
+        )
+    saved = copy.deepcopy(algorithm.state_dict())
+    generators = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        check_network(q_network, envs.n_actions, obs, device)
+        check_parameter_budget(algorithm, envs.n_actions, budget)
+        for epsilon in (0.0, 1.0):
+            check_actions(algorithm.select_action(obs, epsilon), envs.num_envs, envs.n_actions)
+    finally:
+        algorithm.load_state_dict(saved)
+        random.setstate(generators[0])
+        np.random.set_state(generators[1])
+        torch.set_rng_state(generators[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+    return q_network

@@ -1,0 +1,359 @@
+"""Rainbow (algos/rainbow.py): the dueling head, the projection of the Double-DQN n-step target and the
+per-transition cross-entropy against naive float64 loops (and planted bugs that the comparison catches), no
+bootstrap after a terminal, noisy layers off in evaluation, the beta schedule, learning on a toy task, a short
+Breakout run read back as a user would, and bad flags. No mocks."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, run_python, run_script
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_learning import FAST_LEARNING, TASKS
+
+from cleanrl_utils.evaluation import load_algorithm
+
+SCRIPT = REPO / "algos" / "rainbow.py"
+rainbow = load_algorithm(SCRIPT)
+
+
+# ---------------------------------------------------------------- naive references (float64, loops)
+
+
+def naive_projection(next_probs, rewards, discounts, v_min: float, v_max: float) -> list[list[float]]:
+    """Bellemare et al. (2017), Algorithm 1, for an n-step return: target atom R + discount * z_j (discount
+    gamma^n, 0 after a terminal), one transition and one atom at a time."""
+    n = len(next_probs[0])
+    delta = (v_max - v_min) / (n - 1)
+    support = [v_min + i * delta for i in range(n)]
+    out = []
+    for k in range(len(rewards)):
+        m = [0.0] * n
+        for j in range(n):
+            tz = min(max(float(rewards[k]) + float(discounts[k]) * support[j], v_min), v_max)
+            b = min(max((tz - v_min) / delta, 0.0), n - 1.0)
+            lower, upper = math.floor(b), math.ceil(b)
+            if lower == upper:
+                m[lower] += float(next_probs[k][j])
+            else:
+                m[lower] += float(next_probs[k][j]) * (upper - b)
+                m[upper] += float(next_probs[k][j]) * (b - lower)
+        out.append(m)
+    return out
+
+
+def naive_dueling_log_probs(value, advantage) -> list[list[list[float]]]:
+    """per atom i: logit(a, i) = v(i) + A(a, i) - mean_a' A(a', i), then a log-softmax over the atoms"""
+    out = []
+    for v, adv in zip(value, advantage, strict=True):
+        n_actions, n_atoms = len(adv), len(v)
+        rows = []
+        for a in range(n_actions):
+            logits = [v[i] + adv[a][i] - sum(adv[b][i] for b in range(n_actions)) / n_actions for i in range(n_atoms)]
+            top = max(logits)
+            log_z = top + math.log(sum(math.exp(x - top) for x in logits))
+            rows.append([x - log_z for x in logits])
+        out.append(rows)
+    return out
+
+
+def naive_cross_entropies(target, log_probs) -> list[float]:
+    return [
+        -sum(float(t) * float(lp) for t, lp in zip(tr, lr, strict=True))
+        for tr, lr in zip(target, log_probs, strict=True)
+    ]
+
+
+def naive_target(online, target, data, v_min: float, v_max: float) -> list[list[float]]:
+    """Double: the online network's expected returns pick a*, the target network's distribution at a* is
+    projected; the distributions come from the networks, everything after is float64 loops."""
+    with torch.no_grad():
+        online_probs = online.distribution(data.next_observations).double().tolist()
+        target_probs = target.distribution(data.next_observations).double().tolist()
+    support = online.atoms.double().tolist()
+    chosen = []
+    for k in range(len(online_probs)):
+        expectations = [sum(p * z for p, z in zip(row, support, strict=True)) for row in online_probs[k]]
+        best = max(range(len(expectations)), key=lambda a, e=expectations: e[a])
+        chosen.append(target_probs[k][best])
+    return naive_projection(chosen, data.rewards.tolist(), data.discounts.tolist(), v_min, v_max)
+
+
+def random_probs(batch: int, n: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.softmax(3.0 * torch.randn(batch, n, generator=generator), dim=1)
+
+
+def network(seed: int, n_actions: int = 4, n_atoms: int = 11, v_min: float = -1.0, v_max: float = 1.0):
+    """The script's own network with sharpened output layers, so that the actions' expected returns differ."""
+    torch.manual_seed(seed)
+    net = rainbow.QNetwork(n_actions, n_atoms, v_min, v_max)
+    with torch.no_grad():
+        for layer in (net.value, net.advantage):
+            layer.weight_mu.mul_(30.0)
+    return net
+
+
+def frames(batch: int, seed: int) -> torch.Tensor:
+    """random frame stacks of increasing brightness (so that the network's greedy action varies)"""
+    g = torch.Generator().manual_seed(seed)
+    brightness = torch.linspace(0.05, 1.0, batch).view(batch, 1, 1, 1)
+    return (255 * brightness * torch.rand(batch, 4, 84, 84, generator=g)).to(torch.uint8)
+
+
+def n_step_data(batch: int, seed: int, gamma: float = 0.99, n: int = 3) -> SimpleNamespace:
+    """what the replay buffer gives: n-step reward sums, gamma^k discounts (k <= n: shorter at an episode end,
+    a truncation bootstraps) and 0 after a terminal"""
+    g = torch.Generator().manual_seed(seed)
+    steps = torch.randint(1, n + 1, (batch,), generator=g)
+    dones = (torch.rand(batch, generator=g) < 0.3).float()
+    return SimpleNamespace(
+        next_observations=frames(batch, seed + 1),
+        rewards=2.0 * torch.randn(batch, generator=g),
+        dones=dones,
+        discounts=torch.where(dones.bool(), 0.0, gamma ** steps.float()),
+    )
+
+
+# ---------------------------------------------------------------- 1. the math against the naive loops
+
+
+@pytest.mark.parametrize("n,v_min,v_max", [(51, -10.0, 10.0), (5, -2.0, 2.0), (11, 0.0, 1.0)])
+def test_projection_and_cross_entropy_match_naive_loops(n, v_min, v_max):
+    g = torch.Generator().manual_seed(n)
+    batch = 64
+    next_probs = random_probs(batch, n, g)
+    rewards = v_min + (v_max - v_min) * (2.0 * torch.rand(batch, generator=g) - 0.5)  # outside the support too
+    discounts = torch.where(torch.rand(batch, generator=g) < 0.3, 0.0, 0.99 ** torch.randint(1, 4, (batch,)).float())
+    atoms = torch.linspace(v_min, v_max, n)
+    got = rainbow.project_distribution(next_probs, rewards, discounts, atoms)
+    expected = naive_projection(next_probs.double().tolist(), rewards.tolist(), discounts.tolist(), v_min, v_max)
+    np.testing.assert_allclose(got.double().numpy(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got.sum(dim=1).numpy(), 1.0, atol=1e-5)
+    log_probs = torch.log_softmax(torch.randn(batch, n, generator=g), dim=1)
+    losses = rainbow.cross_entropy(got, log_probs)
+    assert losses.shape == (batch,)  # per transition: the loss and the priority
+    np.testing.assert_allclose(
+        losses.double().numpy(), naive_cross_entropies(expected, log_probs.double().tolist()), rtol=1e-5
+    )
+
+
+def test_dueling_head_matches_naive_loops():
+    net = network(0, n_actions=3, n_atoms=7)
+    obs = frames(6, 1)
+    with torch.no_grad():
+        features = net.encoder(obs)
+        value = net.value(features).double().tolist()
+        advantage = net.advantage(features).view(6, 3, 7).double().tolist()
+        got = net.log_distribution(obs)
+    np.testing.assert_allclose(got.double().numpy(), naive_dueling_log_probs(value, advantage), rtol=1e-5, atol=1e-5)
+    probs = net.distribution(obs)
+    np.testing.assert_allclose(probs.sum(dim=2).detach().numpy(), 1.0, atol=1e-5)
+    q = net(obs)  # forward: the expected returns, what evaluation takes the argmax of
+    np.testing.assert_allclose(q.detach().numpy(), (probs * net.atoms).sum(dim=2).detach().numpy(), atol=1e-6)
+
+
+def test_double_n_step_target_matches_naive():
+    online, target = network(4), network(0)  # their greedy actions differ on several next states
+    data = n_step_data(16, 2)
+    got = rainbow.compute_target_distribution(online, target, data)
+    expected = naive_target(online, target, data, -1.0, 1.0)
+    np.testing.assert_allclose(got.double().numpy(), expected, rtol=1e-5, atol=1e-6)
+    # the online network's choice matters here: the target network's own greedy choice gives another target
+    target_choice = naive_target(target, target, data, -1.0, 1.0)
+    assert not np.allclose(got.double().numpy(), target_choice, atol=1e-4)
+
+
+def test_terminal_transitions_never_bootstrap():
+    """discount 0 (a terminal within the n steps): the target is the reward's projection, whatever comes next."""
+    data = SimpleNamespace(rewards=torch.tensor([0.5, -0.3, 2.0, 0.8]), discounts=torch.tensor([0.0, 0.0, 0.0, 0.97]))
+    targets = []
+    for seed in (1, 2):
+        data.next_observations = frames(4, 10 + seed)
+        targets.append(rainbow.compute_target_distribution(network(seed), network(seed + 10), data))
+    expected = torch.zeros(3, 11)  # 11 atoms on [-1, 1], spacing 0.2
+    expected[0, 7], expected[0, 8] = 0.5, 0.5
+    expected[1, 3], expected[1, 4] = 0.5, 0.5
+    expected[2, 10] = 1.0
+    for target in targets:
+        np.testing.assert_allclose(target[:3].numpy(), expected.numpy(), atol=1e-5)
+    assert not torch.allclose(targets[0][3], targets[1][3], atol=1e-3)  # a non-terminal one did bootstrap
+
+
+def check_target(module) -> bool:
+    online, target = network(4), network(0)
+    data = n_step_data(16, 2)
+    got = module.compute_target_distribution(online, target, data)
+    return np.allclose(got.double().numpy(), naive_target(online, target, data, -1.0, 1.0), rtol=1e-5, atol=1e-6)
+
+
+def check_dueling(module) -> bool:
+    g = torch.Generator().manual_seed(0)
+    value, advantage = torch.randn(4, 1, 5, generator=g), torch.randn(4, 3, 5, generator=g)
+    got = torch.log_softmax(module.dueling_logits(value, advantage), dim=2)
+    expected = naive_dueling_log_probs(value[:, 0].double().tolist(), advantage.double().tolist())
+    return np.allclose(got.double().numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "bug,original,planted,check",
+    [
+        ("one-step discount", "discounts.unsqueeze(1) * atoms", "0.99 * atoms", check_target),
+        (
+            "not Double",
+            "q_network(data.next_observations).argmax",
+            "target_network(data.next_observations).argmax",
+            check_target,
+        ),
+        ("no clipping to the support", ".clamp(atoms[0], atoms[-1])", "", check_target),
+        ("dueling without the mean", " - advantage.mean(dim=1, keepdim=True)", "", check_dueling),
+    ],
+)
+def test_the_naive_comparison_catches_a_planted_bug(bug, original, planted, check, tmp_path):
+    source = SCRIPT.read_text()
+    assert source.count(original) == 1
+    broken_path = tmp_path / "broken_rainbow.py"
+    broken_path.write_text(source.replace(original, planted))
+    assert check(rainbow), f"{bug}: the right script fails its check"
+    assert not check(load_algorithm(broken_path)), f"{bug} went unnoticed"
+
+
+def test_noise_acts_in_training_and_evaluation_uses_the_mean_weights():
+    net = network(3)
+    obs = frames(4, 5)
+    with torch.no_grad():
+        first = net(obs)
+        rainbow.reset_noise(net)
+        assert not torch.allclose(first, net(obs), atol=1e-4)  # training mode: a new draw, other Q-values
+        net.eval()
+        evaluated = net(obs)
+        rainbow.reset_noise(net)
+        torch.testing.assert_close(evaluated, net(obs))  # evaluation mode: the mean weights, no noise
+
+
+def test_beta_schedule():
+    assert rainbow.beta_schedule(0.4, 1000, 0) == pytest.approx(0.4)
+    assert rainbow.beta_schedule(0.4, 1000, 500) == pytest.approx(0.7)
+    assert rainbow.beta_schedule(0.4, 1000, 1000) == pytest.approx(1.0)
+    assert rainbow.beta_schedule(0.4, 1000, 5000) == pytest.approx(1.0)
+
+
+def test_defaults_are_the_papers():
+    args = rainbow.Args()
+    assert (args.n_atoms, args.v_min, args.v_max, args.n_step) == (51, -10.0, 10.0, 3)
+    assert (args.learning_rate, args.adam_eps) == (6.25e-5, 1.5e-4)
+    assert (args.prioritized_alpha, args.prioritized_beta, args.noisy_sigma) == (0.5, 0.4, 0.5)
+    assert (args.target_network_frequency, args.learning_starts, args.buffer_size) == (8_000, 20_000, 1_000_000)
+    assert (args.start_e, args.end_e, args.batch_size, args.train_frequency) == (0.0, 0.0, 32, 4)
+
+
+# ---------------------------------------------------------------- 2. learning on a toy task
+
+# Rainbow's own exploration (noisy layers, epsilon 0) and prioritized replay; the 3-step return stops at the
+# two-step episodes' end. FAST_LEARNING's flags with fewer steps and updates than the six scripts use (600
+# updates: seeds 1, 2 and 3 all reached the optimum in 600 updates), so that the test stays short.
+LEARNING_STEPS = ["--total-timesteps", "1000", "--learning-starts", "400"]
+
+
+def train(task: str, tmp_path: Path, *extra: str) -> tuple[float, float]:
+    """tests/test_learning.py's train with extra flags; returns the final evaluation mean and last Q-value."""
+    command = [str(SCRIPT), "--env-id", f"tests.toy_envs:{task}", "--run-dir", str(tmp_path)]
+    done = run_python(*command, *FAST_LEARNING, *LEARNING_STEPS, *extra, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    q_values = [float(v) for v in re.findall(r"^TRAIN_METRICS .* q_values=(\S+)", done.stdout, re.M)]
+    [run_dir] = tmp_path.iterdir()
+    evaluations = json.loads((run_dir / "evaluations.json").read_text())
+    return evaluations[-1]["mean"], q_values[-1]
+
+
+def test_rainbow_reaches_optimal_return_with_sane_values(tmp_path):
+    task = "DelayedImage-v0"
+    assert task in TASKS
+    mean, q_value = train(task, tmp_path)
+    assert mean >= 0.95, f"rainbow on {task}: evaluation mean {mean}, optimum 1, random 0.5"
+    assert 0.0 < q_value < 1.3, f"rainbow on {task}: mean Q {q_value}, true values lie in [0, 1]"
+
+
+# ---------------------------------------------------------------- 3. end to end on Breakout
+
+TAGS = ["charts/episodic_return", "losses/td_loss", "losses/q_values", "losses/beta", "losses/noisy_sigma"]
+TAGS += ["eval/episodic_return", "charts/epsilon"]
+
+
+@pytest.fixture(scope="module")
+def breakout(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("rainbow_breakout")
+    flags = "--total-timesteps 1100 --learning-starts 900 --buffer-size 2000 --target-network-frequency 500"
+    flags += " --eval-every 0 --eval-episodes 1 --eval-epsilon 0.05 --save-model --device cpu"
+    done = run_script("rainbow", *flags.split(), timeout=600, tmp_path=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run] = (tmp_path / "runs").iterdir()
+    return done.stdout, run
+
+
+def test_breakout_run_leaves_the_standard_outputs(breakout):
+    stdout, run = breakout
+    assert re.fullmatch(r"BreakoutNoFrameskip-v4__rainbow__1__\d+", run.name)
+    assert re.search(r"^global_step=\d+, episodic_return=", stdout, re.M)
+    pattern = r"^TRAIN_METRICS step=(\d+) td_loss=(\S+) q_values=(\S+) beta=(\S+) noisy_sigma=(\S+)$"
+    metrics = re.findall(pattern, stdout, re.M)
+    assert [int(m[0]) for m in metrics] == [1000]
+    td_loss, q_value, beta, sigma = (float(v) for v in metrics[0][1:])
+    assert 0.0 < td_loss < 10.0  # a cross-entropy over 51 atoms: log(51) = 3.9 against a uniform prediction
+    assert -10.0 <= q_value <= 10.0  # an expectation on the support
+    assert beta == pytest.approx(0.4 + 0.6 * 1000 / 1100, abs=1e-3)  # annealed towards 1 over the run
+    assert 0.0 < sigma < 0.1  # sigma_0 / sqrt(512) = 0.022 at the start
+    assert stdout.count("Eval episodic_return: ") == 1 and "Final eval return: " in stdout
+
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    assert set(TAGS) <= set(events.Tags()["scalars"])
+    assert all(e.value == 0.0 for e in events.Scalars("charts/epsilon"))  # the noisy layers explore
+
+    receipt = json.loads((run / "receipt.json").read_text())
+    assert receipt["status"] == "finished" and receipt["algo"] == "rainbow"
+    assert receipt["counts"]["env_steps"] == 1100
+    assert receipt["counts"]["gradient_updates"] == (1100 - 900) // 4
+    assert receipt["args"]["n_step"] == 3 and receipt["args"]["learning_rate"] == 6.25e-5
+    [evaluation] = json.loads((run / "evaluations.json").read_text())
+    assert evaluation["final"] and evaluation["step"] == 1100 and len(evaluation["episodic_returns"]) == 1
+    assert sum(evaluation["action_histogram"]) == sum(evaluation["episodic_lengths"])
+
+
+def test_breakout_saved_model_evaluates(breakout):
+    """evaluation rebuilds the network from the saved settings (noisy sigma included) in evaluation mode"""
+    model = breakout[1] / "rainbow.cleanrl_model"
+    saved = torch.load(model, map_location="cpu", weights_only=True)
+    assert saved["network_kwargs"] == {"n_atoms": 51, "v_min": -10.0, "v_max": 10.0, "noisy_sigma": 0.5}
+    done = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "1", "--epsilon", "0.05")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Eval episodic_return:" in done.stdout
+
+
+# ---------------------------------------------------------------- 4. bad input for the new flags
+
+
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        ("--n-step 0", ["--n-step 0", "positive"]),
+        ("--prioritized-alpha -1", ["--prioritized-alpha -1.0", ">= 0"]),
+        ("--prioritized-beta 1.5", ["--prioritized-beta 1.5", "[0, 1]"]),
+        ("--noisy-sigma nan", ["--noisy-sigma nan"]),
+        ("--n-step 70 --buffer-size 64 --learning-starts 32", ["--n-step 70", "--buffer-size 64", "75"]),
+    ],
+)
+def test_bad_flag_stops_early_with_a_message(flags, words, tmp_path):
+    done = run_script("rainbow", *flags.split(), timeout=120, tmp_path=tmp_path)
+    assert done.returncode != 0, done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    for word in words:
+        assert word in done.stderr, done.stderr
+    runs = tmp_path / "runs"
+    assert not runs.exists() or not any(runs.iterdir())
