@@ -177,7 +177,7 @@ def compute_target_distribution(target_network, data, gamma: float, n_step: int 
     with torch.no_grad():
         next_probs = target_network.distribution(data.next_observations)
         next_actions = (next_probs * target_network.atoms).sum(dim=2).argmax(dim=1)
-        next_probs = next_probs[torch.arange(len(next_actions)), next_actions]
+        next_probs = next_probs[torch.arange(len(next_actions), device=next_actions.device), next_actions]
         discount = gamma if n_step == 1 else data.discounts.unsqueeze(1)  # --n-step: gamma^k per transition
         return project_distribution(next_probs, data.rewards, data.dones, discount, target_network.atoms)
 
@@ -319,7 +319,9 @@ if __name__ == "__main__":
                         data = rb.sample(args.batch_size)
                     target_probs = compute_target_distribution(target_network, data, args.gamma, args.n_step)
                     log_probs = q_network.log_distribution(data.observations)
-                    log_probs = log_probs[torch.arange(args.batch_size), data.actions]  # the taken actions'
+                    log_probs = log_probs[
+                        torch.arange(args.batch_size, device=device), data.actions
+                    ]  # the taken actions'
                     loss = cross_entropy(target_probs, log_probs, data.weights if args.prioritized else None)
                     old_val = (log_probs.detach().exp() * q_network.atoms).sum(dim=1)  # E[Z(s, a)]
 

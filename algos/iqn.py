@@ -137,7 +137,7 @@ def compute_target_quantiles(target_network, data, gamma: float, n_target: int, 
         taus = torch.rand(len(data.rewards), k + n_target, device=data.rewards.device)
         next_quantiles = target_network.quantiles(data.next_observations, taus)  # (batch, n_actions, K + N')
         next_actions = next_quantiles[:, :, :k].mean(dim=2).argmax(dim=1)
-        next_quantiles = next_quantiles[torch.arange(len(next_actions)), next_actions, k:]
+        next_quantiles = next_quantiles[torch.arange(len(next_actions), device=next_actions.device), next_actions, k:]
         return data.rewards.unsqueeze(1) + gamma * next_quantiles * (1 - data.dones.unsqueeze(1))
 
 
@@ -241,7 +241,7 @@ if __name__ == "__main__":
                     )
                     taus = torch.rand(args.batch_size, args.n_tau_samples, device=device)  # N fractions per transition
                     quantiles = q_network.quantiles(data.observations, taus)[
-                        torch.arange(args.batch_size), data.actions
+                        torch.arange(args.batch_size, device=device), data.actions
                     ]
                     loss = quantile_huber_loss(quantiles, taus, target_quantiles, args.kappa)
                     old_val = quantiles.detach().mean(dim=1)  # Q(s, a)

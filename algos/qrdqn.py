@@ -116,7 +116,7 @@ def compute_target_quantiles(target_network, data, gamma: float):
     with torch.no_grad():
         next_quantiles = target_network.quantiles(data.next_observations)
         next_actions = next_quantiles.mean(dim=2).argmax(dim=1)
-        next_quantiles = next_quantiles[torch.arange(len(next_actions)), next_actions]
+        next_quantiles = next_quantiles[torch.arange(len(next_actions), device=next_actions.device), next_actions]
         return data.rewards.unsqueeze(1) + gamma * next_quantiles * (1 - data.dones.unsqueeze(1))
 
 
@@ -222,7 +222,9 @@ if __name__ == "__main__":
                 with run.timed("learning"):
                     data = rb.sample(args.batch_size)
                     target_quantiles = compute_target_quantiles(target_network, data, args.gamma)
-                    quantiles = q_network.quantiles(data.observations)[torch.arange(args.batch_size), data.actions]
+                    quantiles = q_network.quantiles(data.observations)[
+                        torch.arange(args.batch_size, device=device), data.actions
+                    ]
                     loss = quantile_huber_loss(quantiles, target_quantiles, args.kappa)
                     old_val = quantiles.detach().mean(dim=1)  # Q(s, a)
 

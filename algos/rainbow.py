@@ -164,7 +164,7 @@ def compute_target_distribution(q_network, target_network, data):
     with torch.no_grad():
         next_actions = q_network(data.next_observations).argmax(dim=1)
         next_probs = target_network.distribution(data.next_observations)
-        next_probs = next_probs[torch.arange(len(next_actions)), next_actions]
+        next_probs = next_probs[torch.arange(len(next_actions), device=next_actions.device), next_actions]
         return project_distribution(next_probs, data.rewards, data.discounts, target_network.atoms)
 
 
@@ -298,7 +298,9 @@ if __name__ == "__main__":
                     data = rb.sample(args.batch_size, beta)
                     target_probs = compute_target_distribution(q_network, target_network, data)
                     log_probs = q_network.log_distribution(data.observations)
-                    log_probs = log_probs[torch.arange(args.batch_size), data.actions]  # the taken actions'
+                    log_probs = log_probs[
+                        torch.arange(args.batch_size, device=device), data.actions
+                    ]  # the taken actions'
                     losses = cross_entropy(target_probs, log_probs)
                     loss = (data.weights * losses).mean()  # importance-sampling weights correct the priorities
                     old_val = (log_probs.detach().exp() * q_network.atoms).sum(dim=1)  # E[Z(s, a)]
