@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import REPO, run_python, run_script
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_learning import TASKS, train
+from test_learning import TASK_PARAMS, train
 
 from cleanrl_utils.evaluation import load_algorithm
 
@@ -203,7 +203,7 @@ def test_terminal_transitions_never_bootstrap():
 # ---------------------------------------------------------------- 3. learning on the toy tasks
 
 
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", TASK_PARAMS)
 def test_c51_reaches_optimal_return_with_sane_values(task, tmp_path):
     mean, q_value = train(SCRIPT, task, tmp_path)
     assert mean >= 0.95, f"c51 on {task}: evaluation mean {mean}, optimum 1, random 0.5"

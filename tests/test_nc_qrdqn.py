@@ -13,7 +13,7 @@ import torch
 from conftest import REPO, run_python, run_script
 from test_bad_input import case
 from test_end_to_end import TAGS, check_evaluation, read_json, scalars
-from test_learning import TASKS, train
+from test_learning import TASK_PARAMS, train
 from torch import nn
 
 from cleanrl_utils.buffer import ReplayBuffer
@@ -284,7 +284,7 @@ def test_terminal_target_is_the_reward_and_truncation_bootstraps(nc):
 # ---------------------------------------------------------------- runs
 
 
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", TASK_PARAMS)
 def test_learns_the_toy_tasks(task, tmp_path):
     mean, q_value = train(SCRIPT, task, tmp_path)
     assert mean >= 0.95, f"nc_qrdqn on {task}: evaluation mean {mean}, optimum 1, random 0.5"
