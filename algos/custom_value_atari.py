@@ -7,6 +7,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ import tyro
 
 from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
 from cleanrl_utils.checkpoint import Checkpointer, continue_run
-from cleanrl_utils.checks import check_memory, fail, pick_device, validate_common_args
+from cleanrl_utils.checks import check_memory, fail, pick_buffer_device, pick_device, validate_common_args
 from cleanrl_utils.encoder import NatureCNN
 from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
 from cleanrl_utils.evaluation import evaluate
@@ -56,6 +57,8 @@ class Args:
     """how many of the newest checkpoints to keep"""
     resume: str | None = None
     """a run folder (its newest checkpoint) or one checkpoint folder to continue, in the same run folder"""
+    buffer_device: Literal["host", "cuda"] = "host"
+    """where the replay frames live: host memory, or the training GPU (about 7.1 GB per 1M transitions)"""
 
     env_id: str = "BreakoutNoFrameskip-v4"
     """the id of the environment"""
@@ -179,8 +182,9 @@ if __name__ == "__main__":
         check_env_id(args.env_id)
     except EnvIdError as error:
         fail(str(error))
-    check_memory(args.buffer_size, bytes_per_transition())
     device = pick_device(args.device)
+    buffer_device = pick_buffer_device(args.buffer_device, device)  # --buffer-device cuda: frames on the GPU
+    check_memory(args.buffer_size, bytes_per_transition(), buffer_device)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -195,7 +199,7 @@ if __name__ == "__main__":
     obs = envs.reset()
     # the rules: unmodified encoder, parameter budget, Q-values and actions of the right shape
     q_network = check_algorithm(algorithm, QNetwork, envs, obs, device, args.parameter_budget)
-    rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed)
+    rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed, storage_device=buffer_device)
     run = Run(args, __file__, device, resumed)  # the run folder appears once everything is allocated
     checkpointer = Checkpointer(run, resumed, replay=rb, envs=envs, algorithm=algorithm)
     run.timings["setup"] += time.perf_counter() - setup_start
@@ -210,16 +214,9 @@ if __name__ == "__main__":
         with run.timed("acting"):
             actions = check_actions(algorithm.select_action(obs, epsilon), args.num_envs, envs.n_actions, run)
         with run.timed("environment"):
-            step = envs.step(actions)
+            envs.send(actions)  # the games step in their own threads while the learner updates, below
         global_step += args.num_envs
         run.counts["env_steps"] = global_step
-        for _, episodic_return, length in step.episode_returns:
-            run.episode(global_step, episodic_return, length)
-
-        # the step after a game ends returns the reset observation: not a transition (mask)
-        rb.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
-        run.counts["transitions_stored"] += int(step.mask.sum())
-        obs = step.next_obs
 
         if global_step > checkpointer.learning_starts:
             update_credit += args.num_envs
@@ -233,6 +230,15 @@ if __name__ == "__main__":
 
             if global_step // 1000 > previous_step // 1000 and metrics is not None:
                 run.train_metrics(global_step, metrics, q_network)  # stops on non-finite metrics or weights
+
+        with run.timed("environment"):
+            step = envs.recv()
+        for _, episodic_return, length in step.episode_returns:
+            run.episode(global_step, episodic_return, length)
+        # the step after a game ends returns the reset observation: not a transition (mask)
+        rb.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
+        run.counts["transitions_stored"] += int(step.mask.sum())
+        obs = step.next_obs
 
         if global_step // 100 > previous_step // 100:
             sps = global_step / (time.time() - start_time)

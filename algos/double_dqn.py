@@ -16,10 +16,11 @@ import tyro
 
 from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
 from cleanrl_utils.checkpoint import Checkpointer, continue_run
-from cleanrl_utils.checks import check_memory, fail, pick_device, validate_common_args
+from cleanrl_utils.checks import check_memory, fail, pick_buffer_device, pick_device, validate_common_args
 from cleanrl_utils.encoder import NatureCNN, check_encoder
 from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
 from cleanrl_utils.evaluation import evaluate
+from cleanrl_utils.fast import FastSettings, prepare
 from cleanrl_utils.noisy import NoisyLinear, reset_noise
 from cleanrl_utils.prioritized import PRIORITY_BYTES, PrioritizedReplayBuffer
 from cleanrl_utils.run import Run
@@ -57,6 +58,11 @@ class Args:
     """a run folder (its newest checkpoint) or one checkpoint folder to continue, in the same run folder"""
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """on a non-finite loss: stop the run (its checkpoints kept), or skip that update"""
+    fast: bool = True
+    """the fast update (same loss and gradients to float tolerance; benchmarks/RESULTS.md): channels-last
+    convolutions and the fused Adam kernel on CPU, the fused Adam kernel on CUDA; --no-fast: the plain update"""
+    buffer_device: Literal["host", "cuda"] = "host"
+    """where the replay frames live: host memory, or the training GPU (about 7.1 GB per 1M transitions)"""
 
     env_id: str = "BreakoutNoFrameskip-v4"
     """the id of the environment"""
@@ -148,6 +154,17 @@ def weighted_mse_loss(td_target, old_val, weights):
     return (weights * (td_target - old_val) ** 2).mean()
 
 
+def compute_loss(q_network, target_network, data, args):
+    """the loss on a sampled batch, the metrics the loop logs, and the TD errors (the priorities' source)"""
+    td_target = compute_td_target(q_network, target_network, data, args.gamma, args.n_step)
+    old_val = q_network(data.observations).gather(1, data.actions.unsqueeze(1)).squeeze(1)
+    if args.prioritized:  # the weights correct the bias of prioritized sampling
+        loss = weighted_mse_loss(td_target, old_val, data.weights)
+    else:
+        loss = F.mse_loss(td_target, old_val)
+    return loss, {"td_loss": loss, "q_values": old_val.mean()}, td_target - old_val
+
+
 def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
     slope = (end_e - start_e) / duration
     return max(slope * t + start_e, end_e)
@@ -184,8 +201,9 @@ if __name__ == "__main__":
         check_env_id(args.env_id)
     except EnvIdError as error:
         fail(str(error))
-    check_memory(args.buffer_size, bytes_per_transition() + (PRIORITY_BYTES if args.prioritized else 0))
     device = pick_device(args.device)
+    buffer_device = pick_buffer_device(args.buffer_device, device)  # --buffer-device cuda: frames on the GPU
+    check_memory(args.buffer_size, bytes_per_transition() + (PRIORITY_BYTES if args.prioritized else 0), buffer_device)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -202,7 +220,9 @@ if __name__ == "__main__":
     optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate)
     target_network = QNetwork(envs.n_actions, **network_kwargs).to(device)
     target_network.load_state_dict(q_network.state_dict())
-    buffer_kwargs = dict(device=device, n_step=args.n_step, gamma=args.gamma, seed=args.seed)
+    buffer_kwargs = dict(
+        device=device, n_step=args.n_step, gamma=args.gamma, seed=args.seed, storage_device=buffer_device
+    )
     if args.prioritized:  # --prioritized: sampled in proportion to (|TD error| + eps) ** alpha
         alpha, eps = args.prioritized_alpha, args.prioritized_eps
         rb = PrioritizedReplayBuffer(args.buffer_size, args.num_envs, **buffer_kwargs, alpha=alpha, eps=eps)
@@ -220,6 +240,10 @@ if __name__ == "__main__":
         envs=envs,
         rng=rng,
     )
+    # the loss, its backward pass and the optimizer step, run as --fast says (cleanrl_utils/fast.py)
+    settings = FastSettings.for_device(device) if args.fast else FastSettings()
+    loss_fn = partial(compute_loss, q_network, target_network, args=args)
+    update = prepare([q_network, target_network], optimizer, loss_fn, settings, args.on_nonfinite == "skip")
     run.timings["setup"] += time.perf_counter() - setup_start
 
     obs, global_step, update_credit, start_time = checkpointer.start()  # a fresh start, or where the checkpoint left
@@ -238,16 +262,9 @@ if __name__ == "__main__":
                     q_values = q_network(torch.as_tensor(obs[greedy], device=device))
                 actions[greedy] = q_values.argmax(dim=1).cpu().numpy()
         with run.timed("environment"):
-            step = envs.step(actions)
+            envs.send(actions)  # the games step in their own threads while the learner updates, below
         global_step += args.num_envs
         run.counts["env_steps"] = global_step
-        for _, episodic_return, length in step.episode_returns:
-            run.episode(global_step, episodic_return, length)
-
-        # the step after a game ends returns the reset observation: not a transition (mask)
-        rb.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
-        run.counts["transitions_stored"] += int(step.mask.sum())
-        obs = step.next_obs
 
         if global_step > checkpointer.learning_starts:
             update_credit += args.num_envs
@@ -262,32 +279,31 @@ if __name__ == "__main__":
                         data = rb.sample(args.batch_size, beta)
                     else:
                         data = rb.sample(args.batch_size)
-                    td_target = compute_td_target(q_network, target_network, data, args.gamma, args.n_step)
-                    old_val = q_network(data.observations).gather(1, data.actions.unsqueeze(1)).squeeze(1)
-                    if args.prioritized:  # the weights correct the bias of prioritized sampling
-                        loss = weighted_mse_loss(td_target, old_val, data.weights)
-                    else:
-                        loss = F.mse_loss(td_target, old_val)
-
-                    optimizer.zero_grad()
-                    loss.backward()
-                    if args.on_nonfinite == "skip" and not torch.isfinite(loss):  # host sync only in skip mode
+                    _, metrics, td_errors = update(data)  # compute_loss, its backward pass, the optimizer step
+                    if update.last_skipped:  # --on-nonfinite skip: a non-finite loss, no optimizer step
                         run.counts["skipped_updates"] += 1
                         continue
-                    optimizer.step()
                     if args.prioritized:  # new priorities from each transition's |TD error|
-                        rb.update_priorities(data.indices, (td_target - old_val).detach())
+                        rb.update_priorities(data.indices, td_errors)
                 run.counts["gradient_updates"] += 1
 
             if global_step // 1000 > previous_step // 1000 and run.counts["gradient_updates"] > 0:
                 # the only host synchronisation of the loop; a non-finite value stops the run here
-                td_loss, q_mean = loss, old_val.mean()
-                run.train_metrics(global_step, {"td_loss": td_loss, "q_values": q_mean}, q_network)
+                run.train_metrics(global_step, metrics, q_network)
 
             # update target network
             if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
                 for target_param, q_param in zip(target_network.parameters(), q_network.parameters(), strict=True):
                     target_param.data.copy_(args.tau * q_param.data + (1.0 - args.tau) * target_param.data)
+
+        with run.timed("environment"):
+            step = envs.recv()
+        for _, episodic_return, length in step.episode_returns:
+            run.episode(global_step, episodic_return, length)
+        # the step after a game ends returns the reset observation: not a transition (mask)
+        rb.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
+        run.counts["transitions_stored"] += int(step.mask.sum())
+        obs = step.next_obs
 
         if global_step // 100 > previous_step // 100:
             sps = global_step / (time.time() - start_time)

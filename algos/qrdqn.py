@@ -4,6 +4,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -14,10 +15,11 @@ import tyro
 
 from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
 from cleanrl_utils.checkpoint import Checkpointer, continue_run
-from cleanrl_utils.checks import check_memory, fail, pick_device, validate_common_args
+from cleanrl_utils.checks import check_memory, fail, pick_buffer_device, pick_device, validate_common_args
 from cleanrl_utils.encoder import NatureCNN, check_encoder
 from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
 from cleanrl_utils.evaluation import evaluate
+from cleanrl_utils.fast import FastSettings, prepare
 from cleanrl_utils.run import Run
 
 
@@ -53,6 +55,11 @@ class Args:
     """a run folder (its newest checkpoint) or one checkpoint folder to continue, in the same run folder"""
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """on a non-finite loss: stop the run (its checkpoints kept), or skip that update"""
+    fast: bool = True
+    """the fast update (same loss and gradients to float tolerance; benchmarks/RESULTS.md): channels-last
+    convolutions and the fused Adam kernel on CPU, the fused Adam kernel on CUDA; --no-fast: the plain update"""
+    buffer_device: Literal["host", "cuda"] = "host"
+    """where the replay frames live: host memory, or the training GPU (about 7.1 GB per 1M transitions)"""
 
     env_id: str = "BreakoutNoFrameskip-v4"
     """the id of the environment"""
@@ -133,11 +140,21 @@ def quantile_huber_loss(quantiles, target_quantiles, kappa: float):
     return (weight * huber).sum(dim=1).mean()
 
 
-def crossing_rate(quantiles) -> float:
-    """the fraction of adjacent quantile pairs (i, i + 1) with theta_{i+1} < theta_i; (batch, N) -> float"""
+def crossing_rate(quantiles):
+    """the fraction of adjacent quantile pairs (i, i + 1) with theta_{i+1} < theta_i; (batch, N) -> scalar tensor"""
     if quantiles.shape[1] < 2:
-        return 0.0
-    return (quantiles[:, 1:] < quantiles[:, :-1]).float().mean().item()
+        return quantiles.new_zeros(())
+    return (quantiles[:, 1:] < quantiles[:, :-1]).float().mean()
+
+
+def compute_loss(q_network, target_network, data, args):
+    """the loss on a sampled batch and the metrics the loop logs"""
+    target_quantiles = compute_target_quantiles(target_network, data, args.gamma)
+    rows = torch.arange(len(data.actions), device=data.actions.device)
+    quantiles = q_network.quantiles(data.observations)[rows, data.actions]  # the taken actions'
+    loss = quantile_huber_loss(quantiles, target_quantiles, args.kappa)
+    old_val = quantiles.detach().mean(dim=1)  # Q(s, a)
+    return loss, {"td_loss": loss, "q_values": old_val.mean(), "crossing_rate": crossing_rate(quantiles.detach())}
 
 
 def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
@@ -158,8 +175,9 @@ if __name__ == "__main__":
         check_env_id(args.env_id)
     except EnvIdError as error:
         fail(str(error))
-    check_memory(args.buffer_size, bytes_per_transition())
     device = pick_device(args.device)
+    buffer_device = pick_buffer_device(args.buffer_device, device)  # --buffer-device cuda: frames on the GPU
+    check_memory(args.buffer_size, bytes_per_transition(), buffer_device)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -175,7 +193,7 @@ if __name__ == "__main__":
     optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=0.01 / args.batch_size)
     target_network = QNetwork(envs.n_actions, args.n_quantiles).to(device)
     target_network.load_state_dict(q_network.state_dict())
-    rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed)
+    rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed, storage_device=buffer_device)
     rng = np.random.default_rng(args.seed)
     run = Run(args, __file__, device, resumed)  # the run folder appears once everything is allocated
     checkpointer = Checkpointer(
@@ -188,6 +206,10 @@ if __name__ == "__main__":
         envs=envs,
         rng=rng,
     )
+    # the loss, its backward pass and the optimizer step, run as --fast says (cleanrl_utils/fast.py)
+    settings = FastSettings.for_device(device) if args.fast else FastSettings()
+    loss_fn = partial(compute_loss, q_network, target_network, args=args)
+    update = prepare([q_network, target_network], optimizer, loss_fn, settings, args.on_nonfinite == "skip")
     run.timings["setup"] += time.perf_counter() - setup_start
 
     obs, global_step, update_credit, start_time = checkpointer.start()  # a fresh start, or where the checkpoint left
@@ -204,16 +226,9 @@ if __name__ == "__main__":
                     q_values = q_network(torch.as_tensor(obs[greedy], device=device))
                 actions[greedy] = q_values.argmax(dim=1).cpu().numpy()
         with run.timed("environment"):
-            step = envs.step(actions)
+            envs.send(actions)  # the games step in their own threads while the learner updates, below
         global_step += args.num_envs
         run.counts["env_steps"] = global_step
-        for _, episodic_return, length in step.episode_returns:
-            run.episode(global_step, episodic_return, length)
-
-        # the step after a game ends returns the reset observation: not a transition (mask)
-        rb.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
-        run.counts["transitions_stored"] += int(step.mask.sum())
-        obs = step.next_obs
 
         if global_step > checkpointer.learning_starts:
             update_credit += args.num_envs
@@ -221,31 +236,29 @@ if __name__ == "__main__":
                 update_credit -= args.train_frequency
                 with run.timed("learning"):
                     data = rb.sample(args.batch_size)
-                    target_quantiles = compute_target_quantiles(target_network, data, args.gamma)
-                    quantiles = q_network.quantiles(data.observations)[
-                        torch.arange(args.batch_size, device=device), data.actions
-                    ]
-                    loss = quantile_huber_loss(quantiles, target_quantiles, args.kappa)
-                    old_val = quantiles.detach().mean(dim=1)  # Q(s, a)
-
-                    optimizer.zero_grad()
-                    loss.backward()
-                    if args.on_nonfinite == "skip" and not torch.isfinite(loss):  # host sync only in skip mode
+                    _, metrics = update(data)  # compute_loss, its backward pass, the optimizer step
+                    if update.last_skipped:  # --on-nonfinite skip: a non-finite loss, no optimizer step
                         run.counts["skipped_updates"] += 1
                         continue
-                    optimizer.step()
                 run.counts["gradient_updates"] += 1
 
             if global_step // 1000 > previous_step // 1000 and run.counts["gradient_updates"] > 0:
                 # the only host synchronisation of the loop; a non-finite value stops the run here
-                td_loss, q_mean = loss, old_val.mean()
-                metrics = {"td_loss": td_loss, "q_values": q_mean, "crossing_rate": crossing_rate(quantiles)}
                 run.train_metrics(global_step, metrics, q_network)
 
             # update target network
             if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
                 for target_param, q_param in zip(target_network.parameters(), q_network.parameters(), strict=True):
                     target_param.data.copy_(args.tau * q_param.data + (1.0 - args.tau) * target_param.data)
+
+        with run.timed("environment"):
+            step = envs.recv()
+        for _, episodic_return, length in step.episode_returns:
+            run.episode(global_step, episodic_return, length)
+        # the step after a game ends returns the reset observation: not a transition (mask)
+        rb.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
+        run.counts["transitions_stored"] += int(step.mask.sum())
+        obs = step.next_obs
 
         if global_step // 100 > previous_step // 100:
             sps = global_step / (time.time() - start_time)

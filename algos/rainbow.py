@@ -6,6 +6,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -17,10 +18,11 @@ import tyro
 
 from cleanrl_utils.buffer import bytes_per_transition
 from cleanrl_utils.checkpoint import Checkpointer, continue_run
-from cleanrl_utils.checks import check_memory, fail, pick_device, validate_common_args
+from cleanrl_utils.checks import check_memory, fail, pick_buffer_device, pick_device, validate_common_args
 from cleanrl_utils.encoder import NatureCNN, check_encoder
 from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
 from cleanrl_utils.evaluation import evaluate
+from cleanrl_utils.fast import FastSettings, prepare
 from cleanrl_utils.noisy import NoisyLinear, mean_sigma, reset_noise
 from cleanrl_utils.prioritized import PRIORITY_BYTES, PrioritizedReplayBuffer
 from cleanrl_utils.run import Run
@@ -58,6 +60,11 @@ class Args:
     """a run folder (its newest checkpoint) or one checkpoint folder to continue, in the same run folder"""
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """on a non-finite loss: stop the run (its checkpoints kept), or skip that update"""
+    fast: bool = True
+    """the fast update (same loss and gradients to float tolerance; benchmarks/RESULTS.md): channels-last
+    convolutions and the fused Adam kernel on CPU, the fused Adam kernel on CUDA; --no-fast: the plain update"""
+    buffer_device: Literal["host", "cuda"] = "host"
+    """where the replay frames live: host memory, or the training GPU (about 7.1 GB per 1M transitions)"""
 
     env_id: str = "BreakoutNoFrameskip-v4"
     """the id of the environment"""
@@ -173,6 +180,18 @@ def cross_entropy(target_probs, log_probs):
     return -(target_probs * log_probs).sum(dim=1)
 
 
+def compute_loss(q_network, target_network, data, args):
+    """the loss on a sampled batch, the metrics the loop logs, and each transition's loss (its new priority:
+    the paper's KL plus the target's entropy); td_loss is the unweighted cross-entropy, as c51's"""
+    target_probs = compute_target_distribution(q_network, target_network, data)
+    rows = torch.arange(len(data.actions), device=data.actions.device)
+    log_probs = q_network.log_distribution(data.observations)[rows, data.actions]  # the taken actions'
+    losses = cross_entropy(target_probs, log_probs)
+    loss = (data.weights * losses).mean()  # importance-sampling weights correct the priorities
+    old_val = (log_probs.detach().exp() * q_network.atoms).sum(dim=1)  # E[Z(s, a)]
+    return loss, {"td_loss": losses.mean(), "q_values": old_val.mean()}, losses
+
+
 def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
     slope = (end_e - start_e) / duration
     return max(slope * t + start_e, end_e)
@@ -218,8 +237,9 @@ if __name__ == "__main__":
         check_env_id(args.env_id)
     except EnvIdError as error:
         fail(str(error))
-    check_memory(args.buffer_size, bytes_per_transition() + PRIORITY_BYTES)
     device = pick_device(args.device)
+    buffer_device = pick_buffer_device(args.buffer_device, device)  # --buffer-device cuda: frames on the GPU
+    check_memory(args.buffer_size, bytes_per_transition() + PRIORITY_BYTES, buffer_device)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -245,6 +265,7 @@ if __name__ == "__main__":
         seed=args.seed,
         alpha=args.prioritized_alpha,
         eps=args.prioritized_eps,
+        storage_device=buffer_device,
     )
     rng = np.random.default_rng(args.seed)
     run = Run(args, __file__, device, resumed)  # the run folder appears once everything is allocated
@@ -258,6 +279,10 @@ if __name__ == "__main__":
         envs=envs,
         rng=rng,
     )
+    # the loss, its backward pass and the optimizer step, run as --fast says (cleanrl_utils/fast.py)
+    settings = FastSettings.for_device(device) if args.fast else FastSettings()
+    loss_fn = partial(compute_loss, q_network, target_network, args=args)
+    update = prepare([q_network, target_network], optimizer, loss_fn, settings, args.on_nonfinite == "skip")
     run.timings["setup"] += time.perf_counter() - setup_start
 
     obs, global_step, update_credit, start_time = checkpointer.start()  # a fresh start, or where the checkpoint left
@@ -276,16 +301,9 @@ if __name__ == "__main__":
                     q_values = q_network(torch.as_tensor(obs[greedy], device=device))
                 actions[greedy] = q_values.argmax(dim=1).cpu().numpy()
         with run.timed("environment"):
-            step = envs.step(actions)
+            envs.send(actions)  # the games step in their own threads while the learner updates, below
         global_step += args.num_envs
         run.counts["env_steps"] = global_step
-        for _, episodic_return, length in step.episode_returns:
-            run.episode(global_step, episodic_return, length)
-
-        # the step after a game ends returns the reset observation: not a transition (mask)
-        rb.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
-        run.counts["transitions_stored"] += int(step.mask.sum())
-        obs = step.next_obs
 
         if global_step > checkpointer.learning_starts:
             update_credit += args.num_envs
@@ -296,35 +314,32 @@ if __name__ == "__main__":
                     reset_noise(target_network)  # acting uses the online one's until the next update
                     beta = beta_schedule(args.prioritized_beta, args.total_timesteps, global_step)
                     data = rb.sample(args.batch_size, beta)
-                    target_probs = compute_target_distribution(q_network, target_network, data)
-                    log_probs = q_network.log_distribution(data.observations)
-                    log_probs = log_probs[
-                        torch.arange(args.batch_size, device=device), data.actions
-                    ]  # the taken actions'
-                    losses = cross_entropy(target_probs, log_probs)
-                    loss = (data.weights * losses).mean()  # importance-sampling weights correct the priorities
-                    old_val = (log_probs.detach().exp() * q_network.atoms).sum(dim=1)  # E[Z(s, a)]
-
-                    optimizer.zero_grad()
-                    loss.backward()
-                    if args.on_nonfinite == "skip" and not torch.isfinite(loss):  # host sync only in skip mode
+                    _, metrics, priorities = update(data)  # compute_loss, its backward pass, the optimizer step
+                    if update.last_skipped:  # --on-nonfinite skip: a non-finite loss, no optimizer step
                         run.counts["skipped_updates"] += 1
                         continue
-                    optimizer.step()
                     # new priorities: each transition's loss (the paper's KL plus the target's entropy)
-                    rb.update_priorities(data.indices, losses.detach())
+                    rb.update_priorities(data.indices, priorities)
                 run.counts["gradient_updates"] += 1
 
             if global_step // 1000 > previous_step // 1000 and run.counts["gradient_updates"] > 0:
-                # a non-finite value stops the run here; td_loss is the unweighted cross-entropy, as c51's
-                td_loss, q_mean = losses.mean(), old_val.mean()
-                metrics = {"td_loss": td_loss, "q_values": q_mean, "beta": beta, "noisy_sigma": mean_sigma(q_network)}
+                # a non-finite value stops the run here
+                metrics |= {"beta": beta, "noisy_sigma": mean_sigma(q_network)}
                 run.train_metrics(global_step, metrics, q_network)
 
             # update target network
             if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
                 for target_param, q_param in zip(target_network.parameters(), q_network.parameters(), strict=True):
                     target_param.data.copy_(args.tau * q_param.data + (1.0 - args.tau) * target_param.data)
+
+        with run.timed("environment"):
+            step = envs.recv()
+        for _, episodic_return, length in step.episode_returns:
+            run.episode(global_step, episodic_return, length)
+        # the step after a game ends returns the reset observation: not a transition (mask)
+        rb.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
+        run.counts["transitions_stored"] += int(step.mask.sum())
+        obs = step.next_obs
 
         if global_step // 100 > previous_step // 100:
             sps = global_step / (time.time() - start_time)

@@ -36,6 +36,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -90,76 +91,43 @@ def make_networks(module, algo: str, n_actions: int, args: Any, device: torch.de
 
 
 def make_loss(algo: str, module, q_network, target_network, args: Any, cat: bool = False) -> Callable:
-    """``loss_fn(data) -> (loss, mean Q(s, a))``: the script's own loss lines (its learning block), using its
-    functions. ``cat``: one forward over observations and next observations together where the algorithm
-    runs one network on both (Double DQN's online network, Munchausen DQN's target network)."""
-    if hasattr(module, "compute_loss"):  # a script that exposes its loss: use it as is
-        return lambda data: module.compute_loss(q_network, target_network, data, args)
+    """``loss_fn(data) -> (loss, metrics, ...)``: the script's own ``compute_loss``, as its loop runs it. ``cat``:
+    one forward over observations and next observations together where the algorithm runs one network on
+    both (Double DQN's online network, Munchausen DQN's target network), a variant measured here only."""
+    if not cat:
+        return partial(module.compute_loss, q_network, target_network, args=args)
     B = args.batch_size
+    if algo == "double_dqn":
 
-    def arange(data):
-        return torch.arange(B, device=data.actions.device)
-
-    if algo in ("dqn", "double_dqn"):
-
-        def loss_fn(data):
-            if cat and algo == "double_dqn":  # the online network's two passes as one (the next half detached)
-                q_both = q_network(torch.cat([data.observations, data.next_observations]))
-                q_now, q_next = q_both[:B], q_both[B:].detach()
-                with torch.no_grad():
-                    next_actions = q_next.argmax(dim=1, keepdim=True)
-                    target_max = target_network(data.next_observations).gather(1, next_actions).squeeze(1)
-                td_target = data.rewards + args.gamma * target_max * (1 - data.dones)
-                old_val = q_now.gather(1, data.actions.unsqueeze(1)).squeeze(1)
-            else:
-                td_target = module.compute_td_target(q_network, target_network, data, args.gamma)
-                old_val = q_network(data.observations).gather(1, data.actions.unsqueeze(1)).squeeze(1)
-            return F.mse_loss(td_target, old_val), old_val.mean()
-
-    elif algo == "c51":
-
-        def loss_fn(data):
-            target_probs = module.compute_target_distribution(target_network, data, args.gamma)
-            log_probs = q_network.log_distribution(data.observations)[arange(data), data.actions]
-            loss = module.cross_entropy(target_probs, log_probs)
-            return loss, (log_probs.detach().exp() * q_network.atoms).sum(dim=1).mean()
-
-    elif algo == "qrdqn":
-
-        def loss_fn(data):
-            target_quantiles = module.compute_target_quantiles(target_network, data, args.gamma)
-            quantiles = q_network.quantiles(data.observations)[arange(data), data.actions]
-            loss = module.quantile_huber_loss(quantiles, target_quantiles, args.kappa)
-            return loss, quantiles.detach().mean()
+        def loss_fn(data):  # the online network's two passes as one (the next half detached)
+            q_both = q_network(torch.cat([data.observations, data.next_observations]))
+            q_now, q_next = q_both[:B], q_both[B:].detach()
+            with torch.no_grad():
+                next_actions = q_next.argmax(dim=1, keepdim=True)
+                target_max = target_network(data.next_observations).gather(1, next_actions).squeeze(1)
+            td_target = data.rewards + args.gamma * target_max * (1 - data.dones)
+            old_val = q_now.gather(1, data.actions.unsqueeze(1)).squeeze(1)
+            loss = F.mse_loss(td_target, old_val)
+            return loss, {"td_loss": loss, "q_values": old_val.mean()}, td_target - old_val
 
     elif algo == "mdqn":
 
-        def loss_fn(data):
+        def loss_fn(data):  # the target network's two passes as one
             with torch.no_grad():
-                if cat:  # the target network's two passes as one
-                    both = target_network(torch.cat([data.observations, data.next_observations]))
-                    target_q, target_next_q = both[:B], both[B:]
-                else:
-                    target_q = target_network(data.observations)
-                    target_next_q = target_network(data.next_observations)
-                td_target, _ = module.munchausen_target(
+                both = target_network(torch.cat([data.observations, data.next_observations]))
+                target_q, target_next_q = both[:B], both[B:]
+                td_target, bonus = module.munchausen_target(
                     target_q, target_next_q, data.actions, data.rewards, data.dones,
                     args.gamma, args.m_alpha, args.m_tau, args.m_l0,
                 )  # fmt: skip
             old_val = q_network(data.observations).gather(1, data.actions.unsqueeze(1)).squeeze(1)
-            return F.smooth_l1_loss(td_target, old_val), old_val.mean()
-
-    elif algo == "nc_qrdqn":
-
-        def loss_fn(data):
-            with torch.no_grad():
-                next_quantiles = target_network.quantiles(data.next_observations)
-                td_target = module.quantile_td_target(next_quantiles, data.rewards, data.dones, args.gamma)
-            quantiles = q_network.quantiles(data.observations)[arange(data), data.actions]
-            return module.quantile_huber_loss(quantiles, td_target, args.kappa), quantiles.detach().mean()
+            loss = F.smooth_l1_loss(td_target, old_val)
+            entropy = module.policy_entropy(target_q, args.m_tau).mean()
+            metrics = {"td_loss": loss, "q_values": old_val.mean(), "munchausen_bonus": bonus.mean()}
+            return loss, metrics | {"policy_entropy": entropy}
 
     else:
-        sys.exit(f"--algo {algo}: the benchmark knows the losses of dqn, double_dqn, c51, qrdqn, mdqn and nc_qrdqn")
+        sys.exit(f"--algo {algo}: one forward over s and s' applies to double_dqn and mdqn only")
     return loss_fn
 
 

@@ -82,14 +82,31 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def check_memory(buffer_size: int, bytes_per_transition: int, buffer_device: str = "cpu") -> None:
+def pick_buffer_device(name: str, device: torch.device) -> torch.device | None:
+    """``--buffer-device``: ``host`` keeps the replay frames in host memory (None); ``cuda`` puts them on
+    the training GPU, where the batches are then sampled, so it needs ``--device`` to be CUDA."""
+    if name == "host":
+        return None
+    if name != "cuda":
+        fail(f"--buffer-device {name} is not one of host, cuda")
+    if device.type != "cuda":
+        fail(
+            f"--buffer-device cuda keeps the replay on the GPU that trains, but the device is {device.type}; "
+            "use --device cuda (or auto on a CUDA machine) or --buffer-device host"
+        )
+    return device
+
+
+def check_memory(
+    buffer_size: int, bytes_per_transition: int, buffer_device: torch.device | str | None = None
+) -> None:
     """Preflight, before allocating: refuse a replay buffer that cannot fit (with the figures), warn
     where only swap or overcommit could carry it. A buffer on a CUDA GPU is compared with its memory."""
     need = buffer_size * bytes_per_transition
     figures = (
         f"--buffer-size {buffer_size:,} needs {need / 2**30:.1f} GiB ({bytes_per_transition:,} bytes per transition)"
     )
-    if str(buffer_device).startswith("cuda"):
+    if buffer_device is not None and torch.device(buffer_device).type == "cuda":
         free, total = torch.cuda.mem_get_info(torch.device(buffer_device))
         if need > free:
             fail(

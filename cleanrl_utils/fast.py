@@ -1,7 +1,7 @@
 """The fast update: one gradient step with as little overhead as the device allows.
 
-``Update(loss_fn, optimizer, ...)`` runs ``loss_fn(data) -> (loss, *metrics)``, the backward pass and the
-optimizer step, and returns the loss and metrics detached, without any host synchronisation (read them with
+``Update(loss_fn, optimizer, ...)`` runs ``loss_fn(data) -> (loss, *outputs)``, the backward pass and the
+optimizer step, and returns the loss and the outputs (tensors, or dicts of tensors) detached, without any host synchronisation (read them with
 ``.item()`` only when logging). The algorithm's loss stays a plain function in its script; what this module
 changes is only how that function is run:
 
@@ -38,11 +38,11 @@ class FastSettings:
     def for_device(device: torch.device | str) -> FastSettings:
         """What paid in benchmarks/RESULTS.md. CPU: channels-last and the fused Adam kernel (1.34x faster
         updates on 2 cores; torch.compile added nothing measurable end to end, for a minute of compiling on
-        a cold cache). CUDA: the fused Adam kernel and a CUDA graph of the whole update (to be confirmed by
-        benchmarks/gpu_check.sh)."""
+        a cold cache). CUDA: the fused Adam kernel only, until benchmarks/gpu_check.sh has measured the
+        CUDA graph (``cuda_graph``) and channels-last on a GPU; both are here, and tested where CUDA is."""
         kind = torch.device(device).type
         if kind == "cuda":
-            return FastSettings(channels_last=False, compile=False, fused=True, cuda_graph=True)
+            return FastSettings(channels_last=False, compile=False, fused=True, cuda_graph=False)
         if kind == "cpu":
             return FastSettings(channels_last=True, compile=False, fused=True, cuda_graph=False)
         return FastSettings()  # MPS and others: the plain step
@@ -83,16 +83,28 @@ def _steps_beside_parameters(optimizer: torch.optim.Optimizer) -> None:
                 state["step"] = state["step"].to(device=p.device, dtype=torch.float32)
 
 
-def _detached(outputs: Any) -> tuple[torch.Tensor, ...]:
-    if isinstance(outputs, torch.Tensor):
+def _map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], value: Any) -> Any:
+    """``fn`` applied to every tensor of a tensor, a tuple/list or a dict of them (the loss's outputs)."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, dict):
+        return {key: _map_tensors(fn, item) for key, item in value.items()}
+    if isinstance(value, (tuple, list)):
+        return tuple(_map_tensors(fn, item) for item in value)
+    return value
+
+
+def _detached(outputs: Any) -> tuple[Any, ...]:
+    if not isinstance(outputs, (tuple, list)):
         outputs = (outputs,)
-    return tuple(o.detach() for o in outputs)
+    return _map_tensors(torch.Tensor.detach, tuple(outputs))
 
 
 class Update:
     """``update(data)``: one optimizer step on ``loss_fn(data)``, whose first output is the scalar loss;
-    returns ``(loss, *metrics)`` detached. ``skip_nonfinite``: a non-finite loss skips the optimizer step
-    (counted in ``skipped``; this reads the loss on the host, so it costs a synchronisation per update).
+    returns ``(loss, *outputs)`` detached. ``skip_nonfinite``: a non-finite loss skips the optimizer step
+    (counted in ``skipped``, ``last_skipped`` tells about the latest call; this reads the loss on the host,
+    so it costs a synchronisation per update).
 
     With ``cuda_graph``, the first call warms up on a side stream (three steps on the first batch, after
     which the parameters and the optimizer state are put back as they were, so learning is unchanged),
@@ -125,9 +137,10 @@ class Update:
         self.channels_last = channels_last
         self.warmup = warmup
         self.skipped = 0
+        self.last_skipped = False
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_data: Any = None
-        self.static_outputs: tuple[torch.Tensor, ...] = ()
+        self.static_outputs: tuple[Any, ...] = ()
 
     def __call__(self, data: Any) -> tuple[torch.Tensor, ...]:
         if self.channels_last:
@@ -137,7 +150,7 @@ class Update:
                 self._capture(data)
             _copy_into(self.static_data, data)
             self.graph.replay()
-            return tuple(o.clone() for o in self.static_outputs)
+            return _map_tensors(torch.Tensor.clone, self.static_outputs)
         outputs = _detached(self._step(data, skip=self.skip_nonfinite))
         return outputs
 
@@ -146,7 +159,8 @@ class Update:
         loss = outputs if isinstance(outputs, torch.Tensor) else outputs[0]
         self.optimizer.zero_grad()
         loss.backward()
-        if skip and not torch.isfinite(loss):
+        self.last_skipped = skip and not bool(torch.isfinite(loss))
+        if self.last_skipped:
             self.skipped += 1
             return outputs
         self.optimizer.step()

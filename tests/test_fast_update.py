@@ -1,6 +1,6 @@
 """The fast update computes what the eager update computes: same loss, metrics, gradients and new
-parameters on the same batch, to float tolerance, for every algorithm's loss (benchmarks/throughput.py's
-``make_loss``: each script's own loss lines and functions)."""
+parameters on the same batch, to float tolerance, for every algorithm's loss (each script's own
+``compute_loss``, which its loop runs through ``cleanrl_utils.fast``)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from conftest import REPO
 
 from cleanrl_utils.buffer import ReplayBatch
 from cleanrl_utils.fast import FastSettings, Update, to_channels_last, use_fused_optimizer
+from cleanrl_utils.prioritized import PrioritizedReplayBatch
 
-ALGOS = ["dqn", "double_dqn", "c51", "qrdqn", "mdqn", "nc_qrdqn"]
+ALGOS = ["dqn", "double_dqn", "c51", "qrdqn", "mdqn", "nc_qrdqn", "iqn", "rainbow"]
 N_ACTIONS, BATCH = 4, 32
 
 
@@ -32,8 +33,9 @@ def bench():
     return throughput()
 
 
-def make_batch(device: str, seed: int = 0) -> ReplayBatch:
-    """Frames with structure (not uniform noise), rewards in {-1, 0, 1}, some terminals."""
+def make_batch(device: str, seed: int = 0, algo: str = "dqn") -> ReplayBatch:
+    """Frames with structure (not uniform noise), rewards in {-1, 0, 1}, some terminals; for Rainbow also
+    importance-sampling weights and indices, as its prioritized buffer gives."""
     rng = np.random.default_rng(seed)
     frames = rng.integers(0, 256, (BATCH, 5, 84, 84), dtype=np.uint8)
     frames[:, :, 20:40, 30:60] = rng.integers(0, 40, (BATCH, 5, 1, 1), dtype=np.uint8)
@@ -42,7 +44,7 @@ def make_batch(device: str, seed: int = 0) -> ReplayBatch:
     def tensor(array):
         return torch.as_tensor(array, device=device)
 
-    return ReplayBatch(
+    batch = ReplayBatch(
         observations=tensor(frames[:, :4].copy()),
         actions=tensor(rng.integers(0, N_ACTIONS, BATCH)),
         rewards=tensor(rng.integers(-1, 2, BATCH).astype(np.float32)),
@@ -50,6 +52,10 @@ def make_batch(device: str, seed: int = 0) -> ReplayBatch:
         dones=tensor(dones),
         discounts=tensor(0.99 * (1 - dones)),
     )
+    if algo != "rainbow":
+        return batch
+    weights = rng.uniform(0.1, 1.0, BATCH).astype(np.float32)
+    return PrioritizedReplayBatch(**batch._asdict(), weights=tensor(weights), indices=np.arange(BATCH))
 
 
 def one_update(bench, algo: str, settings: FastSettings, batch: ReplayBatch, device: str, cat: bool = False):
@@ -83,9 +89,18 @@ def one_update(bench, algo: str, settings: FastSettings, batch: ReplayBatch, dev
     return outputs, grads, params, 1
 
 
+def tensors(outputs) -> list[torch.Tensor]:
+    """The loss's outputs (loss, metrics dict, per-transition tensors) as one flat list, in order."""
+    if isinstance(outputs, torch.Tensor):
+        return [outputs]
+    items = outputs.values() if isinstance(outputs, dict) else outputs
+    return [t for item in items for t in tensors(item)]
+
+
 def assert_same(eager, fast, rtol=1e-4, atol=1e-5):
     (e_out, e_grads, e_params), (f_out, f_grads, f_params) = eager, fast
-    for e, f in zip(e_out, f_out, strict=True):
+    assert len(tensors(e_out)) >= 3  # the loss and at least two metrics
+    for e, f in zip(tensors(e_out), tensors(f_out), strict=True):
         torch.testing.assert_close(f.cpu(), e.cpu(), rtol=rtol, atol=atol)
     for e, f in zip(e_grads, f_grads, strict=True):
         torch.testing.assert_close(f.cpu(), e.cpu(), rtol=rtol, atol=atol)
@@ -110,7 +125,7 @@ def eager_steps(bench, algo, batch, device, steps):
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_fast_update_on_cpu_matches_the_eager_update(bench, algo):
-    batch = make_batch("cpu")
+    batch = make_batch("cpu", algo=algo)
     *eager, _ = one_update(bench, algo, FastSettings(), batch, "cpu")
     *fast, _ = one_update(bench, algo, FastSettings.for_device("cpu"), batch, "cpu")
     assert_same(eager, fast)
@@ -197,7 +212,7 @@ def test_fast_update_on_cuda_matches_the_eager_update(bench, algo, settings):
     chosen = (
         FastSettings.for_device("cuda") if settings == "cuda" else bench.parse_settings(settings, torch.device("cuda"))
     )
-    batch = make_batch("cuda")
+    batch = make_batch("cuda", algo=algo)
     *fast, steps = one_update(bench, algo, chosen, batch, "cuda")
     eager = eager_steps(bench, algo, batch, "cuda", steps)
     assert_same(eager, fast, rtol=1e-3, atol=1e-4)

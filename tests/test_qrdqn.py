@@ -107,12 +107,12 @@ def test_the_naive_comparison_catches_a_planted_bug(bug, original, planted, tmp_
 
 
 def test_crossing_rate():
-    assert qrdqn.crossing_rate(torch.tensor([[0.0, 1.0, 0.5, 2.0]])) == pytest.approx(1 / 3)
-    assert qrdqn.crossing_rate(torch.tensor([[0.0, 1.0], [1.0, 1.0]])) == 0.0  # ties do not cross
-    assert qrdqn.crossing_rate(torch.tensor([[3.0]])) == 0.0  # one quantile: no pairs
+    assert float(qrdqn.crossing_rate(torch.tensor([[0.0, 1.0, 0.5, 2.0]]))) == pytest.approx(1 / 3)
+    assert float(qrdqn.crossing_rate(torch.tensor([[0.0, 1.0], [1.0, 1.0]]))) == 0.0  # ties do not cross
+    assert float(qrdqn.crossing_rate(torch.tensor([[3.0]]))) == 0.0  # one quantile: no pairs
     g = torch.Generator().manual_seed(0)
     quantiles = torch.randn(32, 200, generator=g).cumsum(dim=1)
-    assert qrdqn.crossing_rate(quantiles) == pytest.approx(naive_crossing_rate(quantiles.tolist()))
+    assert float(qrdqn.crossing_rate(quantiles)) == pytest.approx(naive_crossing_rate(quantiles.tolist()))
 
 
 # ---------------------------------------------------------------- 2. the target from the networks; terminals
