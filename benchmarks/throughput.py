@@ -519,6 +519,12 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--plain", action="store_true", help="only the plain loop")
     mode.add_argument("--compare", action="store_true", help="the plain and the fast loop, in alternating rounds")
     mode.add_argument("--only-variants", action="store_true", help="no loops: only the update's variants")
+    mode.add_argument(
+        "--scripts",
+        action="store_true",
+        help="the shipped script itself, --no-fast --num-envs 1 against its default with --num-envs N",
+    )
+    parser.add_argument("--script-steps", type=int, default=3000, help="--scripts: learning-phase steps per run")
     parser.add_argument("--rounds", type=int, default=4, help="rounds of each loop (alternating with --compare)")
     parser.add_argument("--fast-update", default="auto", help="auto, eager, or a comma list of " + ", ".join(FLAGS))
     parser.add_argument("--buffer-device", default=None, choices=["cpu", "cuda"],
@@ -624,6 +630,66 @@ def run_loops(cli: argparse.Namespace, module, args: Any, device: torch.device, 
     return n_actions, batch
 
 
+def script_rate(cli: argparse.Namespace, flags: list[str], run_dir: Path) -> dict[str, float]:
+    """Run ``algos/ALGO.py`` as it ships, with ``flags``, and return its learning-phase agent steps/s, from its
+    own ``charts/SPS`` (the mean rate since the start, logged every 100 steps): between the first point at
+    least 500 steps after learning starts and the last point, rate = steps / (s2 / sps2 - s1 / sps1)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    total = cli.learning_starts + cli.script_steps
+    command = [sys.executable, str(REPO / "algos" / f"{cli.algo}.py"), "--env-id", cli.env_id,
+               "--total-timesteps", str(total), "--learning-starts", str(cli.learning_starts),
+               "--buffer-size", str(cli.buffer_size), "--eval-every", "0", "--eval-episodes", "1",
+               "--eval-epsilon", "1", "--checkpoint-every", "0", "--seed", str(cli.seed),
+               "--device", cli.device, "--run-dir", str(run_dir), *flags]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    if cli.torch_threads:
+        env["OMP_NUM_THREADS"] = str(cli.torch_threads)
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    (events,) = run_dir.glob("*/events.out.tfevents.*")
+    accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    points = [(e.step, e.value) for e in accumulator.Scalars("charts/SPS")]
+    (s1, sps1), (s2, sps2) = next(p for p in points if p[0] >= cli.learning_starts + 500), points[-1]
+    return {"steps": s2 - s1, "seconds": s2 / sps2 - s1 / sps1}
+
+
+def run_scripts(cli: argparse.Namespace, report: dict[str, Any]) -> None:
+    """The scripts themselves, end to end in their learning phase: plain (``--no-fast --num-envs 1``) against
+    the shipped fast path with ``--num-envs N``, in alternating rounds (the order flips every round)."""
+    import tempfile
+
+    variants = {"plain": ["--no-fast", "--num-envs", "1"], "fast": ["--num-envs", str(cli.num_envs)]}
+    if cli.buffer_device:
+        variants["fast"] += ["--buffer-device", "host" if cli.buffer_device == "cpu" else cli.buffer_device]
+    totals = {name: {"steps": 0, "seconds": 0.0} for name in variants}
+    report["script_rounds"] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(cli.rounds):
+            rates = {}
+            for name in list(variants)[:: 1 if r % 2 == 0 else -1]:
+                got = script_rate(cli, variants[name], Path(tmp) / f"{name}{r}")
+                totals[name]["steps"] += got["steps"]
+                totals[name]["seconds"] += got["seconds"]
+                rates[name] = got["steps"] / got["seconds"]
+            report["script_rounds"].append({"steps_per_s": rates, "load": load_now()})
+            shown = ", ".join(f"{n} {rates[n]:.0f} steps/s" for n in variants)
+            print(f"# script round {r + 1}/{cli.rounds}: {shown}; {load_now()}", flush=True)
+    report["scripts"] = {
+        name: {"flags": " ".join(variants[name]), "end_to_end_steps_per_s": t["steps"] / t["seconds"], **t}
+        for name, t in totals.items()
+    }
+    ratio = report["scripts"]["fast"]["end_to_end_steps_per_s"] / report["scripts"]["plain"]["end_to_end_steps_per_s"]
+    report["scripts_fast_over_plain"] = ratio
+    per_round = [x["steps_per_s"]["fast"] / x["steps_per_s"]["plain"] for x in report["script_rounds"]]
+    print(f"\nalgos/{cli.algo}.py end to end in the learning phase (charts/SPS), {cli.rounds} rounds:")
+    for name, figures in report["scripts"].items():
+        print(f"  {name:<6} {figures['flags']:<32} {figures['end_to_end_steps_per_s']:>7.1f} steps/s")
+    print(f"  fast / plain: {ratio:.2f}x (per round: {', '.join(f'{x:.2f}' for x in per_round)})")
+
+
 def random_batch(cli: argparse.Namespace, args: Any, device: torch.device) -> tuple[int, Any]:
     """A batch of real frames from a short stretch of random play (for --only-variants)."""
     envs = TrainEnvs(cli.env_id, 1, seed=cli.seed)
@@ -697,13 +763,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"# {command}")
     print(f"# {report['machine']}")
     print(f"# {report['load_at_start']} at start", flush=True)
-    if cli.only_variants:
+    if cli.scripts:
+        run_scripts(cli, report)
+    elif cli.only_variants:
         n_actions, batch = random_batch(cli, args, device)
     else:
         n_actions, batch = run_loops(cli, module, args, device, settings, report)
-    if cli.variants or cli.only_variants:
+    if (cli.variants or cli.only_variants) and not cli.scripts:
         run_variants(cli, module, args, device, n_actions, batch, report)
-    if cli.memory_transitions and not cli.only_variants:
+    if cli.memory_transitions and not (cli.only_variants or cli.scripts):
         run_memory(cli, report)
     report["load_at_end"] = load_now()
     print(f"# {report['load_at_end']} at end")

@@ -288,18 +288,17 @@ def test_weighted_loss_and_new_priorities_match_naive_loops(name):
     new priority of each sampled transition (|y_i - Q(s_i, a_i)| + eps) ** alpha"""
     module = SCRIPTS[name]
     source = (ALGOS / f"{name}.py").read_text()
-    assert source.count("rb.update_priorities(data.indices, (td_target - old_val).detach())") == 1
+    assert source.count("rb.update_priorities(data.indices, td_errors)") == 1  # compute_loss's third output
     online, target = TinyQ(0), TinyQ(1)
     buffer, truth = filled(n_step=3, prioritized=True)
     live = np.flatnonzero(buffer.tree.get(np.arange(buffer.tree.size)) > 0)
     priorities = np.random.default_rng(0).exponential(size=len(live)) + 0.05
     buffer.tree.update(live, priorities)
     batch = buffer.sample(64, beta=0.6)
-    # what the script does
-    td_target = module.compute_td_target(online, target, batch, GAMMA, n_step=3)
-    old_val = online(batch.observations).gather(1, batch.actions.unsqueeze(1)).squeeze(1)
-    loss = module.weighted_mse_loss(td_target, old_val, batch.weights)
-    buffer.update_priorities(batch.indices, (td_target - old_val).detach())
+    # what the script does: its compute_loss, as its loop runs it
+    args = SimpleNamespace(gamma=GAMMA, n_step=3, prioritized=True)
+    loss, metrics, td_errors = module.compute_loss(online, target, batch, args)
+    buffer.update_priorities(batch.indices, td_errors.detach())
     # naive
     targets = naive_td_targets("dqn" if name == "dqn" else "double", online, target, batch, truth)
     q = q_rows(online, batch.observations)
@@ -307,6 +306,8 @@ def test_weighted_loss_and_new_priorities_match_naive_loops(name):
     p = dict(zip(live.tolist(), priorities.tolist(), strict=True))
     weights = [(p_min / p[int(i)]) ** 0.6 for i in batch.indices]
     errors = [targets[i] - q[i][batch.actions[i].item()] for i in range(64)]
+    mean_q = sum(q[i][batch.actions[i].item()] for i in range(64)) / 64
+    assert metrics["td_loss"] is loss and metrics["q_values"].item() == pytest.approx(mean_q, rel=1e-5, abs=1e-6)
     np.testing.assert_allclose(batch.weights.double().numpy(), weights, rtol=1e-5)
     assert loss.item() == pytest.approx(sum(w * e * e for w, e in zip(weights, errors, strict=True)) / 64, rel=1e-5)
     new = [(abs(e) + buffer.eps) ** buffer.alpha for e in errors]
@@ -325,7 +326,13 @@ def check_weighted_loss(module) -> bool:
 def test_c51_weighted_cross_entropy_and_priorities_match_naive_loops():
     c51 = SCRIPTS["c51"]
     source = (ALGOS / "c51.py").read_text()
-    assert source.count("rb.update_priorities(data.indices, cross_entropies(target_probs, log_probs).detach())") == 1
+    assert source.count("rb.update_priorities(data.indices, priorities)") == 1
+    assert (
+        source.count(
+            'return loss, {"td_loss": loss, "q_values": old_val.mean()}, cross_entropies(target_probs, log_probs)'
+        )
+        == 1
+    )
     g = torch.Generator().manual_seed(7)
     target = torch.softmax(3 * torch.randn(32, 11, generator=g), dim=1)
     log_probs = torch.log_softmax(torch.randn(32, 11, generator=g), dim=1)
