@@ -224,6 +224,7 @@ if __name__ == "__main__":
     run.timings["setup"] += time.perf_counter() - setup_start
 
     obs, global_step, update_credit, start_time = checkpointer.start()  # a fresh start, or where the checkpoint left
+    metrics = None  # the latest update's metrics (tensors), read when logged
     while global_step < args.total_timesteps:
         previous_step = global_step
         epsilon = linear_schedule(
@@ -253,7 +254,7 @@ if __name__ == "__main__":
                         continue
                 run.counts["gradient_updates"] += 1
 
-            if global_step // 1000 > previous_step // 1000 and run.counts["gradient_updates"] > 0:
+            if global_step // 1000 > previous_step // 1000 and metrics is not None:
                 # the only host synchronisation of the loop; a non-finite value stops the run here
                 run.train_metrics(global_step, metrics, q_network)
 

@@ -9,7 +9,7 @@
 # 2. the fast path's CUDA tests: the CUDA-graph update gives the eager update's loss, gradients and
 #    parameters; frames kept on the GPU are sampled byte-exact;
 # 3. throughput on cuda, DQN on Breakout: plain loop against the fast loop (16 envs, frames on the GPU),
-#    the update's variants, replay memory (host and GPU);
+#    the update's variants, replay memory (host and GPU); then algos/dqn.py itself, plain against fast;
 # 4. throughput on the CPU with all cores: plain loop against the fast loop (8 envs);
 # 5. with the time left: the fast loop with 32 envs, and the torch.compile variants on cuda.
 # Each step has its own time limit, and a failed step does not stop the others. Everything lands in
@@ -98,6 +98,10 @@ step gpu_dqn_breakout 170 "$PY" benchmarks/throughput.py --algo dqn --env-id Bre
     --compare --num-envs 16 --buffer-device cuda --seconds 12 --rounds 2 --no-compile-variants \
     --memory-transitions 100000 --json "$OUT/gpu_dqn_breakout.json"
 
+# ---- 3b. cuda: the shipped script itself, --no-fast --num-envs 1 against its default with 16 envs, frames on the GPU
+step gpu_scripts_dqn 100 "$PY" benchmarks/throughput.py --scripts --algo dqn --device cuda --num-envs 16 \
+    --buffer-device cuda --rounds 1 --script-steps 4000 --json "$OUT/gpu_scripts_dqn.json"
+
 # ---- 4. the CPU with all its cores
 step cpu_dqn_breakout 110 "$PY" benchmarks/throughput.py --algo dqn --env-id BreakoutNoFrameskip-v4 --device cpu \
     --compare --num-envs 8 --seconds 10 --rounds 2 --no-compile-variants --memory-transitions 0 \
@@ -125,6 +129,10 @@ for path in sorted(out.glob("*.json")):
               f"efficiency {f['efficiency']:.2f}")
     if "fast_over_plain" in report:
         print(f"   fast / plain: {report['fast_over_plain']:.2f}x")
+    for name, f in report.get("scripts", {}).items():
+        print(f"   script {name:<5} {f['flags']:<40} end-to-end {f['end_to_end_steps_per_s']:.0f}/s")
+    if "scripts_fast_over_plain" in report:
+        print(f"   script fast / plain: {report['scripts_fast_over_plain']:.2f}x")
     for row in report.get("update_variants", []):
         print(f"   update {row['variant']:<32} {row['ms']:7.3f} ms  x{row['speedup_vs_eager']:.2f}  "
               f"{row['gflops_per_s']:.0f} GFLOP/s")

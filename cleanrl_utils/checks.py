@@ -97,9 +97,7 @@ def pick_buffer_device(name: str, device: torch.device) -> torch.device | None:
     return device
 
 
-def check_memory(
-    buffer_size: int, bytes_per_transition: int, buffer_device: torch.device | str | None = None
-) -> None:
+def check_memory(buffer_size: int, bytes_per_transition: int, buffer_device: torch.device | str | None = None) -> None:
     """Preflight, before allocating: refuse a replay buffer that cannot fit (with the figures), warn
     where only swap or overcommit could carry it. A buffer on a CUDA GPU is compared with its memory."""
     need = buffer_size * bytes_per_transition

@@ -46,6 +46,7 @@ CASES = [
     case("--checkpoint-keep", "0", words=["--checkpoint-keep"]),
     case("--resume", "runs/no_such_run", words=["--resume", "no such run folder"]),
     case("--on-nonfinite", "ignore", words=["--on-nonfinite"]),
+    case("--device", "cpu", "--buffer-device", "cuda", words=["--buffer-device cuda", "--device cuda"]),
 ]
 
 
