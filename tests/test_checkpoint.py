@@ -237,3 +237,21 @@ def test_a_real_game_resumes_with_new_games_and_an_empty_replay(tmp_path):
     assert entry["step"] == stopped_at and not entry["buffer_restored"] and not entry["environments_restored"]
     sps = curve_steps(run_dir, "charts/SPS")
     assert sps == list(range(100, 701, 100))  # each step once (2 envs: multiples of 100 are all reached)
+
+
+def test_a_resume_whose_first_logging_step_comes_before_its_first_update_finishes(tmp_path):
+    """Resumed without the replay memory, learning restarts after step 1,999: the metrics of step 2,000 are
+    due before the resumed process has made an update (one per 4 steps), and must simply wait for one."""
+    flags = [
+        "--env-id", "tests.toy_envs:ImageBandit-v0", "--total-timesteps", "2100", "--learning-starts", "499",
+        "--buffer-size", "1000", "--checkpoint-every", "1500", "--eval-every", "0", "--eval-episodes", "1",
+        "--device", "cpu", "--run-dir", str(tmp_path),
+    ]  # fmt: skip
+    first = run_python("algos/dqn.py", *flags, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    [run_dir] = tmp_path.glob("*")
+    again = run_python("algos/dqn.py", "--resume", str(run_dir / "checkpoints" / "step_000000001500"), timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "learning waits until step 1999" in again.stdout
+    receipt = json.loads((run_dir / "receipt.json").read_text())
+    assert receipt["status"] == "finished" and receipt["counts"]["env_steps"] == 2100
