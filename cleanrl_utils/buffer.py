@@ -78,7 +78,6 @@ class ReplayBuffer:
         self.cursor = np.zeros(num_envs, dtype=np.int64)  # next slot to write, per ring
         self.written = np.zeros(num_envs, dtype=np.int64)  # slots ever written, per ring
         self.open = np.zeros(num_envs, dtype=bool)  # the ring's last frames continue an episode
-        self.pin = self.device.type == "cuda"
 
     def __len__(self) -> int:
         return int(self.valid.sum())
@@ -243,9 +242,3 @@ class ReplayBuffer:
         if device.type == "cuda":
             return tensor.pin_memory().to(device, non_blocking=True)
         return tensor.to(device)
-
-    def _to_device(self, array: np.ndarray) -> torch.Tensor:
-        tensor = torch.from_numpy(array)
-        if self.pin:
-            return tensor.pin_memory().to(self.device, non_blocking=True)
-        return tensor.to(self.device)

@@ -193,7 +193,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         envs, slots = np.divmod(indices, self.capacity)
         batch = self._gather(envs, slots)
         return PrioritizedReplayBatch(
-            **batch._asdict(), weights=self._to_device(weights.astype(np.float32)), indices=indices
+            **batch._asdict(), weights=self._to(weights.astype(np.float32), self.device), indices=indices
         )
 
     def update_priorities(self, indices: np.ndarray, errors: np.ndarray | torch.Tensor) -> None:
