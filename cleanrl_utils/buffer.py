@@ -4,8 +4,10 @@ Each parallel environment writes into its own ring of frames. Slot ``j`` of a ri
 84x84 frame; when slot ``j`` was written by a step, it also holds that step's transition:
 ``obs = frames[j-stack .. j-1]``, ``next_obs = frames[j-stack+1 .. j]``, with the action, the
 clipped reward, ``done`` (the learning terminal) and ``end`` (the episode ended here: game over
-or time limit, so the next observation starts a new stack). A new episode first writes all the
-frames of its first stack, which are not transitions, so a stack never mixes two episodes.
+or time limit). After a ``done`` or an ``end`` the next observation starts a new stack (the
+training protocol starts the frame stack afresh after every life loss too), so the new episode
+first writes all the frames of its first stack, which are not transitions: a stack never mixes
+two episodes (nor two lives).
 Writing slot ``j`` invalidates the older transitions at ``j+1 .. j+stack`` whose stacks used it.
 
 The frames live in host memory (a NumPy array) unless ``storage_device`` is given: then they are a
@@ -130,7 +132,7 @@ class ReplayBuffer:
         mask: np.ndarray | None = None,
     ) -> None:
         """Store one vector step. ``dones``: learning terminal (never a time limit). ``ends``: the
-        episode ended (game over or time limit), so the next ``obs`` of that env starts anew.
+        episode ended (game over or time limit). After either, the next ``obs`` of that env starts anew.
         ``mask``: which envs made a real transition (False on an autoreset step)."""
         envs = np.arange(self.num_envs) if mask is None else np.flatnonzero(mask)
         if len(envs) == 0:
@@ -147,7 +149,7 @@ class ReplayBuffer:
             self._write(starting, obs[starting, k], None)
         transition = (np.asarray(actions)[envs], np.asarray(rewards)[envs], np.asarray(dones, dtype=bool)[envs], ends)
         self._write(envs, next_obs[envs, -1], transition)
-        self.open[envs] = ~ends
+        self.open[envs] = ~(ends | transition[2])
 
     def _ready(self, env: np.ndarray, slot: np.ndarray) -> np.ndarray:
         """Transitions whose n-step return is complete: an episode boundary or n steps stored."""

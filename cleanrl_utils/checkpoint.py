@@ -146,7 +146,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # ---------------------------------------------------------------- environments
 
 
-TRAIN_ENVS_FIELDS = ("lives", "pending_reset", "returns", "lengths")
+TRAIN_ENVS_FIELDS = ("lives", "pending_reset", "forced_actions", "returns", "lengths")
 
 
 def environment_state(envs: Any) -> dict[str, Any] | None:

@@ -1,22 +1,31 @@
-"""Training and evaluation environments under the Nature DQN protocol.
+"""Training and evaluation environments under the Nature DQN protocol, as CleanRL plays it.
 
 ALE games (``*NoFrameskip-v4``) run in ale-py's native vector environment (C++ threads, with
-no-op starts, fire on reset, frame skip 4 with max-pool, 84x84 grayscale, stack of 4 and the
-108,000-frame cap built in). We ask it for raw rewards and whole games, and derive the learning
-signal here: the reward's sign, and a terminal at every life loss (``info["lives"]`` drops) as
-well as at game over. Keeping the two apart lets the logged return be the whole game in raw
-score while the learner sees the protocol's episodes. Any other Gymnasium id whose observation
-is a uint8 stack of 4x84x84 frames runs through Gymnasium's vector API (``module:Id`` ids
-import their module first, so tests and users can bring their own tasks).
+no-op starts, frame skip 4 with max-pool, 84x84 grayscale and the 108,000-frame cap built in).
+We ask it for raw rewards, whole games and single frames, and do the rest here, as CleanRL's
+wrappers do (EpisodicLifeEnv with FireResetEnv inside, then a frame stack):
 
-Both use next-step autoreset: the step after an episode ends returns the reset observation and
-ignores its action, so it is not a transition; ``StepResult.mask`` is False there.
+- the learning signal: the reward's sign, and a terminal at every life loss (``info["lives"]``
+  drops) as well as at game over. The logged return stays the whole game in raw score.
+- after a game starts, FIRE then action 2 are pressed for the agent (FireResetEnv), and after a
+  life loss NOOP, FIRE, action 2 (EpisodicLifeEnv's no-op, then FireResetEnv; NOOP alone in games
+  without FIRE). These forced steps are not transitions (``StepResult.mask`` is False).
+- the frame stack starts afresh (the newest frame four times) after a game start and after a
+  life loss, so no stack spans two lives.
+
+Any other Gymnasium id whose observation is a uint8 stack of 4x84x84 frames runs through
+Gymnasium's vector API as it is (``module:Id`` ids import their module first, so tests and users
+can bring their own tasks).
+
+Both use next-step autoreset: the step after a game ends returns the reset observation and
+ignores its action, so it is not a transition either.
 """
 
 from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
+from functools import cache
 
 import ale_py
 import gymnasium as gym
@@ -30,6 +39,12 @@ gym.register_envs(ale_py)
 
 OBSERVATION_SHAPE = (4, 84, 84)
 MAX_FRAMES_PER_EPISODE = 108_000
+NOOP_MAX = 30  # no-op frames at a game's start: 0 to 30 here, 1 to 30 in CleanRL (README, "Protocol")
+NOOP, FIRE, AFTER_FIRE = (
+    0,
+    1,
+    2,
+)  # FIRE is 1 in every minimal action set that has it; 2 is what FireResetEnv presses next
 
 
 class EnvIdError(ValueError):
@@ -45,6 +60,21 @@ def ale_game(env_id: str) -> str | None:
     if not env_id.endswith("NoFrameskip-v4") or env_id not in gym.registry:
         return None
     return gym.registry[env_id].kwargs["game"]
+
+
+@cache
+def has_fire(env_id: str) -> bool:
+    """Whether an ALE game's minimal action set has FIRE (then it is action 1, as FireResetEnv assumes)."""
+    env = gym.make(env_id)
+    meanings = env.unwrapped.get_action_meanings()
+    env.close()
+    return len(meanings) > 1 and meanings[FIRE] == "FIRE"
+
+
+def forced_actions(fire: bool, life_lost: bool) -> list[int]:
+    """What the protocol presses for the agent before it acts again: after a life loss, NOOP
+    (EpisodicLifeEnv), then in games with FIRE, FIRE and action 2 (FireResetEnv), as at a game's start."""
+    return ([NOOP] if life_lost else []) + ([FIRE, AFTER_FIRE] if fire else [])
 
 
 def check_env_id(env_id: str) -> None:
@@ -81,28 +111,32 @@ class StepResult:
     next_obs: np.ndarray  # uint8 (num_envs, 4, 84, 84)
     rewards: np.ndarray  # float32, clipped to the reward's sign: what the learner sees
     raw_rewards: np.ndarray  # float64, the game score
-    dones: np.ndarray  # learning terminal: game over or life lost (never a time limit)
-    truncations: np.ndarray  # the episode hit its time limit
-    ends: np.ndarray  # the episode (whole game) ended: game over or time limit
-    mask: np.ndarray  # this step was a transition (False on an autoreset step)
+    dones: np.ndarray  # learning terminal of a transition: game over or life lost (never a time limit)
+    truncations: np.ndarray  # the game hit its time limit
+    ends: np.ndarray  # the game ended: game over or time limit (on a forced step too)
+    mask: np.ndarray  # this step was a transition: the agent's action, played (not an autoreset or forced step)
     episode_returns: list[tuple[int, float, int]]  # (env index, raw return, length) of ended games
 
 
 class TrainEnvs:
-    """A vector of environments that reports the protocol's learning signal and whole games."""
+    """A vector of environments that plays the protocol and reports its learning signal and whole games."""
 
-    def __init__(self, env_id: str, num_envs: int, seed: int, life_loss: bool = True) -> None:
+    def __init__(self, env_id: str, num_envs: int, seed: int, life_loss: bool = True, noop_max: int = NOOP_MAX):
         self.env_id = env_id
         self.num_envs = num_envs
-        self.envs = make_vector_env(env_id, num_envs)
+        self.envs = make_vector_env(env_id, num_envs, noop_max)
         self.single_action_space = self.envs.single_action_space
         self.n_actions = int(self.single_action_space.n)
         self.life_loss = life_loss
         self.seed = seed
+        self.ale = ale_game(env_id) is not None  # ALE games: forced steps and the frame stack are ours
+        self.fire = self.ale and has_fire(env_id)
         self.lives = np.zeros(num_envs, dtype=np.int64)
         self.pending_reset = np.zeros(num_envs, dtype=bool)
+        self.forced_actions = np.full((num_envs, 3), -1, dtype=np.int64)  # pressed for the agent next; -1: none
         self.returns = np.zeros(num_envs, dtype=np.float64)
         self.lengths = np.zeros(num_envs, dtype=np.int64)
+        self.stacks: np.ndarray | None = None  # ALE games: the frame stacks last returned
         self._sent: np.ndarray | None = None  # actions sent and not yet received
 
     def reset(self) -> np.ndarray:
@@ -111,9 +145,19 @@ class TrainEnvs:
         obs, info = self.envs.reset(seed=self.seed)
         self.lives[:] = _lives(info, self.num_envs)
         self.pending_reset[:] = False
+        self.forced_actions[:] = -1
         self.returns[:] = 0.0
         self.lengths[:] = 0
+        if self.ale:
+            self._force(np.ones(self.num_envs, dtype=bool), life_lost=False)
+            self.stacks = np.repeat(obs, OBSERVATION_SHAPE[0], axis=1)  # a new stack: the first frame four times
+            return self.stacks
         return obs
+
+    def _force(self, envs: np.ndarray, life_lost: bool) -> None:
+        actions = forced_actions(self.fire, life_lost)
+        self.forced_actions[envs] = -1
+        self.forced_actions[np.ix_(np.flatnonzero(envs), np.arange(len(actions)))] = actions
 
     def step(self, actions: np.ndarray) -> StepResult:
         self.send(actions)
@@ -122,12 +166,16 @@ class TrainEnvs:
     def send(self, actions: np.ndarray) -> None:
         """Start a step and return at once. ale-py's environments step in their own C++ threads until
         ``recv``, so the learner can update meanwhile (Gymnasium's AsyncVectorEnv too, in its processes;
-        other vector environments step inside ``recv``). ``send`` then ``recv`` is exactly ``step``."""
+        other vector environments step inside ``recv``). ``send`` then ``recv`` is exactly ``step``.
+        Where the protocol presses a button for the agent (after a game start or a life loss), that
+        environment's action is replaced and the step is not a transition."""
         if self._sent is not None:
             raise RuntimeError("TrainEnvs.send called twice without recv in between")
         actions = np.array(actions, dtype=np.int64)  # a copy: the caller may reuse its array
         if actions.shape != (self.num_envs,):
             raise ValueError(f"expected {self.num_envs} actions, got an array of shape {actions.shape}")
+        forced = self.forced_actions[:, 0] >= 0
+        actions[forced] = self.forced_actions[forced, 0]
         if isinstance(self.envs, AtariVectorEnv):
             self.envs.send(actions)
         elif hasattr(self.envs, "step_async"):
@@ -154,23 +202,35 @@ class TrainEnvs:
         raw = np.asarray(raw, dtype=np.float64)
         terminated = np.asarray(terminated, dtype=bool)
         truncated = np.asarray(truncated, dtype=bool)
-        mask = ~self.pending_reset
-        life_lost = (lives < self.lives) if self.life_loss else np.zeros(self.num_envs, dtype=bool)
-        dones = (terminated | life_lost) & mask
-        ends = (terminated | truncated) & mask
-        self.returns[mask] += raw[mask]
-        self.lengths[mask] += 1
+        played = ~self.pending_reset  # the action was played (not ignored by an autoreset)
+        forced = played & (self.forced_actions[:, 0] >= 0)
+        mask = played & ~forced
+        life_lost = (lives < self.lives) & played
+        ends = (terminated | truncated) & played
+        dones = (terminated | (life_lost if self.life_loss else False)) & mask
+        self.returns[played] += raw[played]
+        self.lengths[played] += 1
         finished = [(int(i), float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(ends)]
         self.returns[ends] = 0.0
         self.lengths[ends] = 0
         self.lives = lives
+        if self.ale:
+            self.forced_actions[forced] = np.roll(self.forced_actions[forced], -1, axis=1)
+            self.forced_actions[forced, -1] = -1
+            self._force(life_lost & ~ends, life_lost=True)
+            self._force(self.pending_reset, life_lost=False)  # a new game starts: FIRE (where it has it), 2
+            self.forced_actions[ends] = -1  # the next step is the reset
+            fresh = ~mask  # after an autoreset or forced step, the stack starts afresh
+            self.stacks = np.concatenate([self.stacks[:, 1:], next_obs], axis=1)
+            self.stacks[fresh] = next_obs[fresh]  # broadcast over the stack
+            next_obs = self.stacks
         self.pending_reset = ends
         return StepResult(
             next_obs=next_obs,
             rewards=np.sign(raw).astype(np.float32),
             raw_rewards=raw,
             dones=dones,
-            truncations=truncated & mask,
+            truncations=truncated & played,
             ends=ends,
             mask=mask,
             episode_returns=finished,
@@ -189,8 +249,9 @@ def _lives(info: dict, num_envs: int) -> np.ndarray:
     return np.asarray(lives, dtype=np.int64)
 
 
-def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
-    """Whole games with raw rewards; the caller derives life loss and clipping."""
+def make_vector_env(env_id: str, num_envs: int, noop_max: int = NOOP_MAX) -> gym.vector.VectorEnv:
+    """Whole games with raw rewards; for ALE games single frames (TrainEnvs stacks them) and up to
+    ``noop_max`` no-op frames at a game's start. TrainEnvs derives life loss and clipping."""
     game = ale_game(env_id)
     if game is not None:
         return AtariVectorEnv(
@@ -200,12 +261,12 @@ def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
             repeat_action_probability=0.0,
             frameskip=4,
             maxpool=True,
-            stack_num=4,
+            stack_num=1,
             img_height=84,
             img_width=84,
             grayscale=True,
-            noop_max=30,
-            use_fire_reset=True,
+            noop_max=noop_max + 1,  # ale-py draws 0 to noop_max - 1 no-op frames
+            use_fire_reset=False,  # TrainEnvs presses FIRE as CleanRL does, after the no-ops, for 4 frames
             episodic_life=False,
             life_loss_info=False,
             reward_clipping=False,
@@ -233,13 +294,16 @@ def play_episodes(
     n_actions: int,
     epsilon: float,
     rng: np.random.Generator,
+    noop_max: int = NOOP_MAX,
 ) -> tuple[list[float], list[int], np.ndarray]:
     """Play ``num_episodes`` whole games, one per parallel environment (so short games are not
-    over-represented), with raw rewards and epsilon-greedy actions from ``select_actions``.
-    Returns the per-game returns, lengths (agent steps) and the action histogram."""
-    envs = make_vector_env(env_id, num_episodes)
+    over-represented), under the training protocol (forced steps, fresh stacks after a life loss)
+    but with raw rewards and no life-loss ending, with epsilon-greedy actions from ``select_actions``.
+    Returns the per-game returns, lengths (agent steps, forced ones included) and the histogram of
+    the actions the agent chose and played."""
+    envs = TrainEnvs(env_id, num_episodes, seed=seed, noop_max=noop_max)
     try:
-        obs, _ = envs.reset(seed=seed)
+        obs = envs.reset()
         returns = np.zeros(num_episodes)
         lengths = np.zeros(num_episodes, dtype=np.int64)
         running = np.ones(num_episodes, dtype=bool)
@@ -248,11 +312,12 @@ def play_episodes(
             actions = np.asarray(select_actions(obs), dtype=np.int64)
             explore = rng.random(num_episodes) < epsilon
             actions[explore] = rng.integers(0, n_actions, int(explore.sum()))
-            histogram += np.bincount(actions[running], minlength=n_actions)
-            obs, reward, terminated, truncated, _ = envs.step(actions)
-            returns[running] += reward[running]
-            lengths[running] += 1
-            running &= ~(np.asarray(terminated) | np.asarray(truncated))
+            step = envs.step(actions)
+            histogram += np.bincount(actions[running & step.mask], minlength=n_actions)
+            for env, episodic_return, length in step.episode_returns:
+                if running[env]:
+                    returns[env], lengths[env], running[env] = episodic_return, length, False
+            obs = step.next_obs
         return returns.tolist(), lengths.tolist(), histogram
     finally:
         envs.close()

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from cleanrl_utils.envs import ale_game, play_episodes
+from cleanrl_utils.envs import MAX_FRAMES_PER_EPISODE, NOOP_MAX, ale_game, forced_actions, has_fire, play_episodes
 from cleanrl_utils.scores import human_normalized_score
 
 
@@ -71,30 +71,40 @@ def record_game(
     path: Path,
 ) -> None:
     """Record one whole game as MP4 with OpenCV (no extra dependency). The single environment is
-    Gymnasium's AtariPreprocessing, which matches the vector environment's protocol up to small
-    resizing differences, so the recorded game is representative, not one of the scored ones."""
+    Gymnasium's AtariPreprocessing, played under the same protocol (the same forced steps, a fresh
+    stack after each life loss); it matches the vector environment up to its own no-op draws, so
+    the recorded game is representative, not one of the scored ones."""
     if ale_game(env_id) is None:
         print(f"warning: --capture-video records ALE games only; {env_id} is not recorded", file=sys.stderr)
         return
-    env = gym.make(env_id, render_mode="rgb_array")
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
-    env = gym.wrappers.FrameStackObservation(env, 4, padding_type="zero")
+    env = gym.make(env_id, render_mode="rgb_array", max_num_frames_per_episode=MAX_FRAMES_PER_EPISODE)
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=NOOP_MAX, frame_skip=4, screen_size=84, grayscale_obs=True)
+    fire = has_fire(env_id)
     rng = np.random.default_rng(seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     obs, _ = env.reset(seed=seed)
+    stack, lives, pending = [obs] * 4, env.unwrapped.ale.lives(), forced_actions(fire, life_lost=False)
     frame = env.render()
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 15, (frame.shape[1], frame.shape[0]))
     try:
         while True:
             writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
-            action = int(greedy(np.asarray(obs)[None])[0])
-            if rng.random() < epsilon:
-                action = int(rng.integers(n_actions))
+            forced = bool(pending)
+            if forced:
+                action = pending.pop(0)
+            else:
+                action = int(greedy(np.stack(stack)[None])[0])
+                if rng.random() < epsilon:
+                    action = int(rng.integers(n_actions))
             obs, _, terminated, truncated, _ = env.step(action)
             frame = env.render()
             if terminated or truncated:
                 writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
                 break
+            if env.unwrapped.ale.lives() < lives:
+                pending = forced_actions(fire, life_lost=True)
+            lives = env.unwrapped.ale.lives()
+            stack = [obs] * 4 if forced else stack[1:] + [obs]  # after a forced step, the stack starts afresh
     finally:
         writer.release()
         env.close()
