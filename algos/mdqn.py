@@ -269,7 +269,7 @@ if __name__ == "__main__":
         obs = step.next_obs
 
         if global_step // 100 > previous_step // 100:
-            sps = global_step / (time.time() - start_time)
+            sps = run.recent_sps(global_step)  # steps/s over the last minute, this process's steps only
             run.scalar("charts/SPS", int(sps), global_step)
             run.scalar("charts/epsilon", epsilon, global_step)
             run.show_progress(global_step, args.total_timesteps, sps)

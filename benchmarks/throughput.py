@@ -631,9 +631,9 @@ def run_loops(cli: argparse.Namespace, module, args: Any, device: torch.device, 
 
 
 def script_rate(cli: argparse.Namespace, flags: list[str], run_dir: Path) -> dict[str, float]:
-    """Run ``algos/ALGO.py`` as it ships, with ``flags``, and return its learning-phase agent steps/s, from its
-    own ``charts/SPS`` (the mean rate since the start, logged every 100 steps): between the first point at
-    least 500 steps after learning starts and the last point, rate = steps / (s2 / sps2 - s1 / sps1)."""
+    """Run ``algos/ALGO.py`` as it ships, with ``flags``, and return its learning-phase agent steps/s, from the
+    wall times of its own ``charts/SPS`` points (logged every 100 steps): between the first point at least 500
+    steps after learning starts and the last point, rate = (s2 - s1) / (t2 - t1)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     total = cli.learning_starts + cli.script_steps
@@ -651,9 +651,9 @@ def script_rate(cli: argparse.Namespace, flags: list[str], run_dir: Path) -> dic
     (events,) = run_dir.glob("*/events.out.tfevents.*")
     accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
     accumulator.Reload()
-    points = [(e.step, e.value) for e in accumulator.Scalars("charts/SPS")]
-    (s1, sps1), (s2, sps2) = next(p for p in points if p[0] >= cli.learning_starts + 500), points[-1]
-    return {"steps": s2 - s1, "seconds": s2 / sps2 - s1 / sps1}
+    points = [(e.step, e.wall_time) for e in accumulator.Scalars("charts/SPS")]
+    (s1, t1), (s2, t2) = next(p for p in points if p[0] >= cli.learning_starts + 500), points[-1]
+    return {"steps": s2 - s1, "seconds": t2 - t1}
 
 
 def run_scripts(cli: argparse.Namespace, report: dict[str, Any]) -> None:

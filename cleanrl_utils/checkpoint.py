@@ -341,7 +341,9 @@ class Checkpointer:
         """Returns the loop's ``obs, global_step, update_credit, start_time``: from the checkpoint when
         resuming, else a fresh reset."""
         if self.resumed is None:
-            return self.envs.reset(), 0, 0, time.time()
+            obs = self.envs.reset()
+            self.run.start_rate(0)
+            return obs, 0, 0, time.time()
         state = self.resumed.state
         for name, module in self.modules.items():
             module.load_state_dict(state[name])
@@ -390,6 +392,7 @@ class Checkpointer:
             f"{'games continued' if envs_restored else 'new games started'})"
         )
         run.write_receipt()
+        run.start_rate(step)  # steps/s counts this process's steps only
         return obs, step, int(state["update_credit"]), time.time() - float(state["train_seconds"])
 
     def due(self, global_step: int, previous_step: int) -> bool:

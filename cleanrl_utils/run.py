@@ -10,7 +10,7 @@ import resource
 import subprocess
 import sys
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+RATE_WINDOW_SECONDS = 60.0  # steps/s and the time left are measured over about the last minute
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -78,6 +79,13 @@ def peak_memory_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
+def format_eta(seconds: float | None) -> str:
+    """``12.5min`` below two hours, ``3.4h`` above; ``unknown`` without a rate."""
+    if seconds is None:
+        return "unknown"
+    return f"{seconds / 60:.1f}min" if seconds < 7200 else f"{seconds / 3600:.1f}h"
+
+
 class Run:
     """Everything a run writes. The algorithm scripts call it; it never decides anything."""
 
@@ -114,6 +122,8 @@ class Run:
         self.evaluations: list[dict[str, Any]] = []
         self.last_return: float | None = None
         self.status = "running"
+        self.rate_samples: deque[tuple[float, int]] = deque()
+        self.start_rate(0 if resumed is None else resumed.step)
         if args.track:
             self._start_wandb()
         if resumed is None:
@@ -223,22 +233,45 @@ class Run:
         else:
             print(line, flush=True)
 
+    def start_rate(self, global_step: int, now: float | None = None) -> None:
+        """Count steps/s from here: the loop's first step, or a resumed run's checkpoint step (the steps
+        made before it, by an earlier process, do not count toward this one's rate)."""
+        self.rate_samples = deque([(time.time() if now is None else now, global_step)])
+
+    def recent_sps(self, global_step: int, now: float | None = None) -> float:
+        """Agent steps per second over about the last minute (``RATE_WINDOW_SECONDS``, from the newest sample
+        at least that old), counting only this process's steps: the rate the run has now, not its average."""
+        now = time.time() if now is None else now
+        samples = self.rate_samples
+        samples.append((now, global_step))
+        while samples[1][0] <= now - RATE_WINDOW_SECONDS:
+            samples.popleft()
+        then, step = samples[0]
+        return (global_step - step) / max(now - then, 1e-9)
+
     def show_progress(self, global_step: int, total: int, sps: float) -> None:
-        """A progress bar on a terminal; a plain line every 30 s otherwise."""
+        """A progress bar on a terminal; a plain line every 30 s otherwise. ``sps`` (``recent_sps``) gives the
+        time left."""
+        eta = format_eta((total - global_step) / sps if sps > 0 else None)
         if self.interactive:
             if self.progress is None:
                 from tqdm import tqdm
 
-                self.progress = tqdm(total=total, unit="step", dynamic_ncols=True, file=sys.stderr)
+                self.progress = tqdm(
+                    total=total,
+                    initial=global_step,
+                    unit="step",
+                    dynamic_ncols=True,
+                    file=sys.stderr,
+                    bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]",
+                )
             self.progress.update(global_step - self.progress.n)
-            self.progress.set_postfix(sps=int(sps), last_return=self.last_return, refresh=False)
+            self.progress.set_postfix_str(f"sps={int(sps)}, eta={eta}, last_return={self.last_return}", refresh=False)
         elif time.time() - self.last_progress_print >= 30:
             self.last_progress_print = time.time()
-            eta = (total - global_step) / max(sps, 1e-9)
-            print(
+            self.print(
                 f"progress step={global_step}/{total} ({100 * global_step / total:.1f}%) sps={int(sps)} "
-                f"last_return={self.last_return} eta={eta / 60:.1f}min",
-                flush=True,
+                f"last_return={self.last_return} eta={eta}"
             )
 
     def save_model(self, q_network: torch.nn.Module, n_actions: int, **network_kwargs: Any) -> Path:

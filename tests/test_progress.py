@@ -1,0 +1,88 @@
+"""Progress that tells the truth (issue 15): steps/s and the time left from the recent rate, a run that never
+learns says so, a closed standard output, signals during the final evaluation, the evaluation command.
+Real runs of the scripts (subprocesses), real run folders and TensorBoard files; no mocks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, run_python
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from cleanrl_utils.evaluation import load_algorithm
+from cleanrl_utils.run import Run
+
+BANDIT = "tests.toy_envs:ImageBandit-v0"
+TINY = ["--env-id", BANDIT, "--buffer-size", "500", "--learning-starts", "100", "--eval-episodes", "2"]
+TINY += ["--device", "cpu"]
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "CI": "true"}
+SCRIPTS = sorted((REPO / "algos").glob("*.py"))
+
+
+def make_run(tmp_path: Path) -> Run:
+    args = load_algorithm(REPO / "algos" / "dqn.py").Args(env_id=BANDIT, run_dir=str(tmp_path))
+    return Run(args, str(REPO / "algos" / "dqn.py"), torch.device("cpu"))
+
+
+# ---------------------------------------------------------------- steps/s and the time left
+
+
+def test_steps_per_second_is_the_last_minutes_rate_not_the_average(tmp_path):
+    run = make_run(tmp_path)
+    run.start_rate(0, now=1000.0)
+    for t in range(1, 601):  # ten minutes at 1,000 steps/s
+        run.recent_sps(1000 * t, now=1000.0 + t)
+    for t in range(1, 121):  # then two minutes at 10 steps/s
+        sps = run.recent_sps(600_000 + 10 * t, now=1600.0 + t)
+    assert sps == pytest.approx(10, rel=0.05)  # the average since the start would be about 835
+    run.close()
+
+
+def test_after_a_resume_only_this_processs_steps_count(tmp_path):
+    run = make_run(tmp_path)
+    run.start_rate(5_000_000, now=0.0)  # resumed at step 5M: the earlier process's steps are not this one's
+    assert run.recent_sps(5_002_000, now=100.0) == pytest.approx(20.0)
+    run.close()
+
+
+def test_the_time_left_comes_from_the_rate_given(tmp_path, capsys):
+    run = make_run(tmp_path)
+    run.interactive = False
+    run.last_progress_print = 0.0
+    run.show_progress(400_000, 1_000_000, sps=50.0)
+    assert "progress step=400000/1000000 (40.0%) sps=50 last_return=None eta=3.3h" in capsys.readouterr().out
+    run.interactive = True  # the terminal's bar: the same rate and time left, counted from the step it starts at
+    run.show_progress(400_000, 1_000_000, sps=1000.0)
+    run.progress.refresh()
+    assert "sps=1000, eta=10.0min" in capsys.readouterr().err
+    assert run.progress.n == 400_000 and run.progress.format_dict["initial"] == 400_000
+    run.close()
+
+
+def test_every_script_logs_the_recent_rate():
+    for script in SCRIPTS:
+        source = script.read_text()
+        assert source.count("sps = run.recent_sps(global_step)") == 1, script.name
+        assert "time.time() - start_time" not in source, script.name
+
+
+def test_a_resumed_run_logs_its_own_rate_not_one_diluted_by_the_earlier_process(tmp_path):
+    """The checkpoint says the earlier process trained for 11 days (a slow machine, or a long pause): the
+    resumed process's steps/s is its own, not 1,100 steps over 11 days (0 in the old formula)."""
+    flags = [*TINY, "--total-timesteps", "1500", "--checkpoint-every", "1000", "--eval-every", "0"]
+    first = run_python("algos/dqn.py", *flags, "--run-dir", str(tmp_path), timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    [run_dir] = tmp_path.iterdir()
+    checkpoint = run_dir / "checkpoints" / "step_000000001000"
+    state = torch.load(checkpoint / "state.pt", weights_only=True)
+    state["train_seconds"] = 1e6
+    torch.save(state, checkpoint / "state.pt")
+    again = run_python("algos/dqn.py", "--resume", str(checkpoint), timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    resumed = [e.value for e in events.Scalars("charts/SPS") if e.step > 1000]
+    assert len(resumed) == 5 and min(resumed) >= 5, resumed
