@@ -65,6 +65,22 @@ def validate_common_args(args: Any) -> None:
         fail(f"--checkpoint-keep {args.checkpoint_keep} must be >= 1 (the newest checkpoints kept)")
     if not 0.0 < args.exploration_fraction <= 1.0:
         fail(f"--exploration-fraction {args.exploration_fraction} must be in (0, 1]")
+    # the agent steps after --learning-starts (the loop's last vector step may pass --total-timesteps)
+    vector_steps = -(-args.total_timesteps // args.num_envs) - args.learning_starts // args.num_envs
+    if args.num_envs * max(vector_steps, 0) < args.train_frequency:
+        reason = (
+            f"is at or above --total-timesteps {args.total_timesteps}"
+            if args.learning_starts >= args.total_timesteps
+            else f"leaves fewer than --train-frequency {args.train_frequency} agent steps before --total-timesteps "
+            f"{args.total_timesteps}"
+        )
+        print(
+            f"warning: --learning-starts {args.learning_starts} {reason}: the network is never updated, so this run "
+            "measures an untrained agent (a random-agent baseline); to learn, lower --learning-starts or raise "
+            "--total-timesteps",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def pick_device(name: str) -> torch.device:

@@ -4,6 +4,7 @@ Real runs of the scripts (subprocesses), real run folders and TensorBoard files;
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -86,3 +87,26 @@ def test_a_resumed_run_logs_its_own_rate_not_one_diluted_by_the_earlier_process(
     events.Reload()
     resumed = [e.value for e in events.Scalars("charts/SPS") if e.step > 1000]
     assert len(resumed) == 5 and min(resumed) >= 5, resumed
+
+
+# ---------------------------------------------------------------- a run that never learns says so
+
+
+def test_a_run_that_never_updates_warns_at_start_and_still_runs(tmp_path):
+    flags = ["--env-id", BANDIT, "--buffer-size", "500", "--eval-episodes", "2", "--device", "cpu"]
+    for learning_starts, reason in (("300", "is at or above"), ("297", "leaves fewer than --train-frequency 4")):
+        done = run_python("algos/double_dqn.py", *flags, "--total-timesteps", "300", "--learning-starts",
+                          learning_starts, "--run-dir", str(tmp_path / learning_starts), timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        warning = f"warning: --learning-starts {learning_starts} {reason}"
+        assert warning in done.stderr and "the network is never updated" in done.stderr, done.stderr
+        assert "random-agent baseline" in done.stderr and done.stderr.count("never updated") == 1
+        [run_dir] = (tmp_path / learning_starts).iterdir()
+        receipt = json.loads((run_dir / "receipt.json").read_text())
+        assert receipt["status"] == "finished" and receipt["counts"]["gradient_updates"] == 0
+    # 4 agent steps after --learning-starts: one update, no warning
+    learning = run_python("algos/double_dqn.py", *flags, "--total-timesteps", "300", "--learning-starts", "296",
+                          "--run-dir", str(tmp_path / "296"), timeout=300)  # fmt: skip
+    assert learning.returncode == 0 and "never updated" not in learning.stderr
+    [run_dir] = (tmp_path / "296").iterdir()
+    assert json.loads((run_dir / "receipt.json").read_text())["counts"]["gradient_updates"] == 1
