@@ -416,10 +416,7 @@ class Checkpointer:
             run.close(status="interrupted")
             script = os.path.relpath(run.script)
             where = path.parent.parent if path is not None else run.dir
-            print(
-                f"stopped at step {global_step} by a signal; resume with: python {script} --resume {where}",
-                flush=True,
-            )
+            run.print(f"stopped at step {global_step} by a signal; resume with: python {script} --resume {where}")
             raise SystemExit(0)
         return path
 

@@ -122,6 +122,7 @@ class Run:
         self.evaluations: list[dict[str, Any]] = []
         self.last_return: float | None = None
         self.status = "running"
+        self.stdout_closed_at_step: int | None = None
         self.rate_samples: deque[tuple[float, int]] = deque()
         self.start_rate(0 if resumed is None else resumed.step)
         if args.track:
@@ -228,10 +229,28 @@ class Run:
         return self.dir / "videos" / f"eval_step_{global_step}.mp4" if self.args.capture_video else None
 
     def print(self, line: str) -> None:
-        if self.progress is not None:
-            self.progress.write(line)
-        else:
-            print(line, flush=True)
+        """A line on standard output. When its reader has gone (``| head``), nothing more is printed there and
+        the run goes on; stderr says so and the receipt records the step (``stdout_closed_at_step``)."""
+        if self.stdout_closed_at_step is not None:
+            return
+        try:
+            if self.progress is not None:
+                self.progress.write(line)
+            else:
+                print(line, flush=True)
+        except BrokenPipeError:
+            self.stdout_closed_at_step = self.counts["env_steps"]
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # later writes, and the interpreter's last flush, go nowhere
+            os.close(devnull)
+            print(
+                f"note: standard output was closed by its reader (e.g. `| head`) at step {self.stdout_closed_at_step}; "
+                f"the run goes on without printing there (Ctrl-C stops it with a checkpoint); its record is in "
+                f"{self.dir}",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.write_receipt()
 
     def start_rate(self, global_step: int, now: float | None = None) -> None:
         """Count steps/s from here: the loop's first step, or a resumed run's checkpoint step (the steps
@@ -313,6 +332,7 @@ class Run:
             "final_eval_return": next((e["mean"] for e in reversed(self.evaluations) if e["final"]), None),
             "last_checkpoint": None if self.last_checkpoint is None else str(self.last_checkpoint),
             "resumes": self.resumes,
+            "stdout_closed_at_step": self.stdout_closed_at_step,
         }
         if self.device.type == "cuda":
             receipt["peak_cuda_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,3 +112,29 @@ def test_a_run_that_never_updates_warns_at_start_and_still_runs(tmp_path):
     assert learning.returncode == 0 and "never updated" not in learning.stderr
     [run_dir] = (tmp_path / "296").iterdir()
     assert json.loads((run_dir / "receipt.json").read_text())["counts"]["gradient_updates"] == 1
+
+
+# ---------------------------------------------------------------- a closed standard output
+
+
+def test_a_closed_standard_output_stops_printing_and_the_run_finishes(tmp_path):
+    """``python algos/dqn.py ... | head -2``: the reader takes two lines and goes; no traceback, the run goes on
+    to its end, and the receipt says when standard output closed."""
+    flags = [*TINY, "--total-timesteps", "600", "--eval-every", "300", "--run-dir", str(tmp_path / "runs")]
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "algos/dqn.py", *flags], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=stderr
+        )
+        lines = [process.stdout.readline() for _ in range(2)]  # what `head -2` does
+        process.stdout.close()
+        assert process.wait(timeout=300) == 0
+    err = (tmp_path / "stderr.txt").read_text()
+    assert all(line.startswith(b"global_step=") for line in lines), lines
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
+    [run_dir] = (tmp_path / "runs").iterdir()
+    receipt = json.loads((run_dir / "receipt.json").read_text())
+    assert receipt["status"] == "finished" and receipt["counts"]["env_steps"] == 600
+    closed_at = receipt["stdout_closed_at_step"]
+    assert 2 <= closed_at <= 600
+    assert f"standard output was closed by its reader (e.g. `| head`) at step {closed_at}" in err
+    assert [e["step"] for e in json.loads((run_dir / "evaluations.json").read_text())] == [300, 600]
