@@ -307,6 +307,7 @@ class Checkpointer:
         self.original_args = resumed.args if resumed is not None else dict(vars(run.args))
         self.stop_requested = False
         self.signals = 0
+        self.training_done = False  # the loop has reached --total-timesteps: the final evaluation comes next
         self.learning_starts = self.args.learning_starts
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
@@ -315,16 +316,28 @@ class Checkpointer:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.signals += 1
+        name = signal.Signals(signum).name
+        step = self.run.counts["env_steps"]
         if self.signals > 1:
-            print(f"\n{signal.Signals(signum).name} again: exiting at once, no checkpoint", file=sys.stderr, flush=True)
+            when = "during the final evaluation" if self.training_done else f"at step {step}"
+            self.run.status = f"killed by a second {name} {when}"
+            try:
+                self.run.write_receipt()
+            except Exception:  # exiting matters more than the record
+                pass
+            print(f"\n{name} again: exiting at once, no checkpoint; receipt.json says so", file=sys.stderr, flush=True)
             os._exit(128 + signum)
         self.stop_requested = True
-        print(
-            f"\n{signal.Signals(signum).name}: finishing the current step, then writing a checkpoint "
-            "(signal again to exit at once)",
-            file=sys.stderr,
-            flush=True,
-        )
+        if self.training_done:
+            saved = " and the model is saved" if self.args.save_model else ""
+            message = (
+                f"training is done (step {step}); the final evaluation goes on to its end{saved}, then the run "
+                "ends as finished; no checkpoint is written (signal again to exit at once, without the final "
+                "evaluation)"
+            )
+        else:
+            message = "finishing the current step, then writing a checkpoint (signal again to exit at once)"
+        print(f"\n{name}: {message}", file=sys.stderr, flush=True)
 
     def _check_disk(self) -> None:
         need = self.replay.frames.nbytes * min(self.args.checkpoint_keep + 1, 2)
@@ -374,6 +387,7 @@ class Checkpointer:
         if not envs_restored and buffer_restored:
             self.replay.cut_episodes()  # the saved games are gone: their transitions end there (bootstrapping)
         step = self.resumed.step
+        self.training_done = step >= self.args.total_timesteps  # stopped by a signal in the loop's last step
         if not buffer_restored:
             # The replay memory starts empty: refill it before learning again.
             self.learning_starts = step + self.original_args["learning_starts"]
@@ -396,9 +410,15 @@ class Checkpointer:
         return obs, step, int(state["update_credit"]), time.time() - float(state["train_seconds"])
 
     def due(self, global_step: int, previous_step: int) -> bool:
+        """Whether to checkpoint now; called last in every step of the loop, so it also says when training ends."""
+        if self.stop_requested:
+            return True
+        total = self.args.total_timesteps
+        if global_step >= total and not self.training_done:
+            self.training_done = True
+            self.run.print(f"training done at step {global_step}; final evaluation of {self.args.eval_episodes} games")
         every = self.args.checkpoint_every
-        periodic = every > 0 and global_step // every > previous_step // every
-        return self.stop_requested or (periodic and global_step < self.args.total_timesteps)
+        return every > 0 and global_step // every > previous_step // every and global_step < total
 
     def save(self, global_step: int, obs: np.ndarray, update_credit: int, start_time: float) -> Path | None:
         """Write a checkpoint (unless the networks hold non-finite values); after a signal, exit 0."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -138,3 +139,50 @@ def test_a_closed_standard_output_stops_printing_and_the_run_finishes(tmp_path):
     assert 2 <= closed_at <= 600
     assert f"standard output was closed by its reader (e.g. `| head`) at step {closed_at}" in err
     assert [e["step"] for e in json.loads((run_dir / "evaluations.json").read_text())] == [300, 600]
+
+
+# ---------------------------------------------------------------- signals during the final evaluation
+
+PONG = ["--env-id", "PongNoFrameskip-v4", "--total-timesteps", "300", "--learning-starts", "300", "--buffer-size"]
+PONG += ["500", "--eval-episodes", "4", "--eval-epsilon", "1", "--device", "cpu", "--save-model"]
+
+
+def start_pong_and_wait_for_the_final_evaluation(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """Pong's final evaluation (4 random games, about 800 steps each) takes seconds: long enough to signal."""
+    stderr = tmp_path / "stderr.txt"
+    command = [sys.executable, "algos/dqn.py", *PONG, "--run-dir", str(tmp_path / "runs")]
+    process = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=stderr.open("w"), text=True)
+    for line in process.stdout:
+        if line.startswith("training done at step 300; final evaluation of 4 games"):
+            return process, stderr
+    raise AssertionError(f"no 'training done' line; stderr: {stderr.read_text()[-2000:]}")
+
+
+def test_sigterm_during_the_final_evaluation_says_what_really_happens(tmp_path):
+    process, stderr = start_pong_and_wait_for_the_final_evaluation(tmp_path)
+    process.send_signal(signal.SIGTERM)
+    out = process.stdout.read()
+    assert process.wait(timeout=300) == 0
+    err = stderr.read_text()
+    said = "SIGTERM: training is done (step 300); the final evaluation goes on to its end and the model is saved, "
+    assert said + "then the run ends as finished; no checkpoint is written" in err, err
+    assert "writing a checkpoint" not in err
+    [run_dir] = (tmp_path / "runs").iterdir()
+    assert "Final eval return:" in out and (run_dir / "dqn.cleanrl_model").exists()  # as said
+    assert json.loads((run_dir / "receipt.json").read_text())["status"] == "finished"
+    assert not (run_dir / "checkpoints").exists()
+
+
+def test_a_second_sigterm_during_the_final_evaluation_exits_at_once_and_the_receipt_says_so(tmp_path):
+    process, stderr = start_pong_and_wait_for_the_final_evaluation(tmp_path)
+    process.send_signal(signal.SIGTERM)
+    while "SIGTERM: training is done" not in stderr.read_text():
+        assert process.poll() is None, stderr.read_text()
+    process.send_signal(signal.SIGTERM)
+    out = process.stdout.read()
+    assert process.wait(timeout=300) == 128 + signal.SIGTERM
+    assert "SIGTERM again: exiting at once, no checkpoint; receipt.json says so" in stderr.read_text()
+    [run_dir] = (tmp_path / "runs").iterdir()
+    receipt = json.loads((run_dir / "receipt.json").read_text())
+    assert receipt["status"] == "killed by a second SIGTERM during the final evaluation"
+    assert "Final eval return:" not in out and receipt["final_eval_return"] is None
