@@ -413,9 +413,9 @@ def test_saved_dueling_noisy_model_reevaluates(all_flags_run):
     saved = torch.load(model, map_location="cpu", weights_only=True)
     assert {"dueling": True, "noisy": True, "noisy_sigma": 0.5}.items() <= saved["network_kwargs"].items()
     assert {"value.weight_mu", "value.weight_sigma", "head.weight_mu"} <= set(saved["state_dict"])
-    done = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "10", "--epsilon", "0")
+    done = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "10", "--epsilon", "0", "--json")
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
+    result = json.loads(done.stdout)
     assert result["mean"] == 1.0, result  # the trained policy's optimum, as in the run's own evaluation
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -186,3 +187,77 @@ def test_a_second_sigterm_during_the_final_evaluation_exits_at_once_and_the_rece
     receipt = json.loads((run_dir / "receipt.json").read_text())
     assert receipt["status"] == "killed by a second SIGTERM during the final evaluation"
     assert "Final eval return:" not in out and receipt["final_eval_return"] is None
+
+
+# ---------------------------------------------------------------- the evaluation command
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("model")
+    done = run_python("algos/dqn.py", *TINY, "--total-timesteps", "300", "--save-model", "--run-dir", str(root),
+                      timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    [model] = root.glob("*/dqn.cleanrl_model")
+    return model
+
+
+def test_evaluation_command_shows_each_game_then_a_readable_summary(saved_model):
+    done = run_python("-m", "cleanrl_utils.evaluation", str(saved_model), "--episodes", "3", "--epsilon", "1",
+                      "--seed", "7")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    games = re.findall(r"^game (\d)/3: return (\S+), 1 agent steps, \d+\.\ds$", done.stderr, re.M)
+    assert [g for g, _ in games] == ["1", "2", "3"], done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"dqn on {BANDIT} ({saved_model}): 3 games, epsilon 1.0, seeds 7-9"
+    mean = sum(float(r) for _, r in games) / 3
+    assert re.match(rf"  return: mean {mean:.2f} \+- \d\.\d\d \(std\), min \S+, median \S+, max \S+$", lines[1])
+    assert lines[2] == "  human-normalized score: n/a (no reference scores for this game)"
+    assert lines[3] == "  game length: mean 1 agent steps (min 1, max 1)"
+    assert re.fullmatch(r"  actions chosen: action 0 \d+\.\d%, action 1 \d+\.\d%", lines[4])
+    assert lines[5] == f"Eval episodic_return: {mean}" and len(lines) == 6  # no raw JSON without --json
+
+
+def test_evaluation_command_prints_the_raw_result_with_json(saved_model):
+    done = run_python("-m", "cleanrl_utils.evaluation", str(saved_model), "--episodes", "4", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    [line] = done.stdout.splitlines()
+    result = json.loads(line)
+    assert result["episodic_returns"] == [1.0] * 4 and result["mean"] == 1.0  # the trained policy's optimum
+    assert result["seeds"] == [12345, 12346, 12347, 12348] and result["env_id"] == BANDIT
+    assert sum(result["action_histogram"]) == 4 and result["episodic_lengths"] == [1] * 4
+    assert done.stderr.count("game ") == 4
+
+
+def test_evaluation_help_explains_every_flag():
+    done = run_python("-m", "cleanrl_utils.evaluation", "--help")
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())  # argparse wraps lines
+    for flag, words in {
+        "model_path": "the .cleanrl_model file a run saved",
+        "--episodes EPISODES": "how many whole games to play (default: 10)",
+        "--epsilon EPSILON": "the probability of a random action at each step (default: 0.01",
+        "--seed SEED": "the seed of the first game; game i uses SEED + i (default: 12345)",
+        "--env-id ENV_ID": "the game to play (default: the one the model was trained on)",
+        "--json": "print the result as one JSON object",
+    }.items():
+        assert f"{flag} {words}" in text, (flag, text)
+
+
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        (["--episodes", "0"], "--episodes 0 must be at least 1"),
+        (["--epsilon", "1.5"], "--epsilon 1.5 must be in [0, 1]"),
+        (["--env-id", "PongNoFrameskip-v4"], "--env-id PongNoFrameskip-v4 has 6 actions, the model 2"),
+        (["--env-id", "Pongg"], "did you mean PongNoFrameskip-v4"),
+    ],
+)
+def test_evaluation_command_bad_input(saved_model, flags, words):
+    done = run_python("-m", "cleanrl_utils.evaluation", str(saved_model), *flags)
+    assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_evaluation_command_refuses_a_missing_model(tmp_path):
+    done = run_python("-m", "cleanrl_utils.evaluation", str(tmp_path / "nothing.cleanrl_model"))
+    assert done.returncode == 2 and "no such file" in done.stderr and "Traceback" not in done.stderr
