@@ -97,8 +97,11 @@ def check_env_id(env_id: str) -> None:
             f"--env-id {env_id} is an ALE id without the training protocol (it gives RGB frames, "
             f"sticky actions or frame skipping of its own); use --env-id {game}NoFrameskip-v4"
         )
-    others = [k for k, spec in gym.registry.items() if "ale_py" not in str(spec.entry_point)]
-    close = difflib.get_close_matches(name, atari_ids() + others, n=5, cutoff=0.5)
+    # suggest Atari ids only (other registered ids, e.g. FrozenLake-v1, give no 4x84x84 frames), and after a
+    # "module:" prefix that module's own ids, written as they must be given
+    prefix = env_id[: len(env_id) - len(name)]
+    own = [prefix + k for k, spec in gym.registry.items() if prefix and prefix[:-1] in str(spec.entry_point)]
+    close = difflib.get_close_matches(env_id, atari_ids() + own, n=5, cutoff=0.5)
     if not close:  # a misspelt game name without the suffix, e.g. "Pongg" or "breakout"
         games = {i.removesuffix("NoFrameskip-v4").lower(): i for i in atari_ids()}
         close = [games[g] for g in difflib.get_close_matches(game_name(name).lower(), list(games), n=5)]

@@ -99,6 +99,8 @@ def test_time_limit_is_108k_frames_a_truncation_not_a_terminal():
         ("BreakoutNoFrameskp-v4", "BreakoutNoFrameskip-v4"),
         ("ALE/Pong-v5", "PongNoFrameskip-v4"),
         ("Pongg", "did you mean PongNoFrameskip-v4"),
+        ("Breakout-v5", r"did you mean BreakoutNoFrameskip-v4(, \w+NoFrameskip-v4)*\?$"),  # no FrozenLake-v1
+        ("tests.toy_envs:ImageBandt-v0", r"did you mean tests\.toy_envs:ImageBandit-v0[,?]"),
     ],
 )
 def test_unknown_or_unsuitable_ids_are_refused_with_close_matches(env_id, hint):
