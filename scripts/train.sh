@@ -2,7 +2,8 @@
 # Usage: scripts/train.sh ENV_ID [ALGO] [SEED] [extra flags...]
 # Runs algos/ALGO.py (default dqn; ALGO may also be the path of a script file, e.g. a copy of
 # algos/custom_value_atari.py) with --seed SEED (default 1) and --device auto (CUDA, then
-# Apple MPS, then CPU); extra flags pass through. Works from any working directory.
+# Apple MPS, then CPU) unless the extra flags give --device; extra flags pass through. Works
+# from any working directory.
 set -euo pipefail
 
 if [ $# -lt 1 ]; then
@@ -48,6 +49,13 @@ if ! [[ $seed =~ ^[0-9]+$ ]]; then
 fi
 
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-command=("${PYTHON:-python}" "$script" --env-id "$env_id" --seed "$seed" --device auto "$@")
+device=(--device auto)
+for arg in "$@"; do
+    if [[ $arg == --device || $arg == --device=* ]]; then
+        device=()  # the user's own --device, once
+    fi
+done
+# ${device[@]+...}: an empty array is safe under set -u in bash 3.2 (macOS) too
+command=("${PYTHON:-python}" "$script" --env-id "$env_id" --seed "$seed" ${device[@]+"${device[@]}"} "$@")
 echo "+ ${command[*]}"
 exec "${command[@]}"

@@ -32,6 +32,17 @@ def test_shell_launcher_runs_a_game_from_any_directory(tmp_path):
     assert json.loads(receipt.read_text())["status"] == "finished"
 
 
+@pytest.mark.parametrize("device", [["--device", "cpu"], ["--device=cpu"]])
+def test_shell_launcher_echoes_the_users_device_once(device, tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "CI": "true"}
+    command = [str(REPO / "scripts" / "breakout.sh"), "dqn", "3", *device, "--help"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    first = done.stdout.splitlines()[0]
+    assert first.endswith(f"--env-id BreakoutNoFrameskip-v4 --seed 3 {' '.join(device)} --help"), first
+    assert first.count("--device") == 1 and "auto" not in first
+
+
 def test_shell_launcher_refuses_an_unknown_algorithm(tmp_path):
     done = subprocess.run([str(REPO / "scripts" / "breakout.sh"), "dqnn"], capture_output=True, text=True)
     assert done.returncode == 2 and "unknown algorithm 'dqnn'" in done.stderr and "double_dqn" in done.stderr
