@@ -5,18 +5,24 @@
 One panel per game, one line per algorithm: the mean over seeds of the (smoothed) training
 episodic return, with a band of +- one standard deviation, against agent steps. Writes the PNG
 and an SVG beside it. Needs matplotlib (``pip install 'value-atari[plot]'``).
+
+The runs drawn are chosen as ``cleanrl_utils.results`` chooses them: one per seed (the newest finished),
+whole runs only; unfinished and much shorter runs are listed and left out (the figure says how many),
+or with ``--all-runs`` drawn alone, dashed, to their own end.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import textwrap
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from cleanrl_utils.scores import game_name
+from cleanrl_utils.results import choose_runs, run_records
 
 
 def read_curve(folder: Path, tag: str) -> tuple[np.ndarray, np.ndarray]:
@@ -38,45 +44,93 @@ def smooth(values: np.ndarray, window: int) -> np.ndarray:
     return (cumulative[index] - cumulative[start]) / (index - start)
 
 
-def collect(run_root: Path, tag: str) -> dict[str, dict[str, list[tuple[np.ndarray, np.ndarray]]]]:
-    curves: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-    for receipt_path in sorted(run_root.glob("**/receipt.json")):
-        receipt = json.loads(receipt_path.read_text())
-        steps, values = read_curve(receipt_path.parent, tag)
+def collect(run_root: Path, tag: str, all_runs: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+    """The runs to draw (``results.choose_runs``: one per seed, whole runs unless ``all_runs``), each with its
+    curve (``curve_steps``, ``values``), and a line for each run left out, with the reason."""
+    chosen, left_out = choose_runs(run_records(run_root), all_runs)
+    runs = []
+    for record in chosen:
+        steps, values = read_curve(Path(record["folder"]), tag)
         if len(steps):
-            algo = receipt.get("args", {}).get("exp_name") or receipt["algo"]
-            curves[game_name(receipt["args"]["env_id"])][algo].append((steps, values))
-    return curves
+            runs.append({**record, "curve_steps": steps, "values": values})
+        else:
+            left_out.append(f"{record['folder']}: no {tag} logged yet")
+    return runs, left_out
 
 
-def plot(curves, out: Path, tag: str, window: int, points: int = 200) -> list[Path]:
+@dataclass
+class Line:
+    """One line of a panel: the mean over seeds with its std band, or (``std`` None) one partial run."""
+
+    game: str
+    label: str
+    steps: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray | None
+
+
+def lines(runs: list[dict[str, Any]], window: int, points: int = 200) -> list[Line]:
+    """Per game and algorithm: the mean of the smoothed curves of its whole runs, over the steps they all cover
+    (whole runs are within 10% of each other's length); then each partial run alone, to its own end."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for run in runs:
+        groups[run["game"], run["algo"]].append(run)
+    out = []
+    for (game, algo), group in sorted(groups.items()):
+        whole = [r for r in group if not r["partial"]]
+        if whole:
+            end = min(r["curve_steps"][-1] for r in whole)
+            start = max(r["curve_steps"][0] for r in whole)
+            grid = np.linspace(start, end, points) if end > start else np.array([end])
+            stacked = np.stack([np.interp(grid, r["curve_steps"], smooth(r["values"], window)) for r in whole])
+            seeds = len({r["seed"] for r in whole})
+            label = f"{algo} ({seeds} seed{'s' if seeds > 1 else ''})"
+            out.append(Line(game, label, grid, stacked.mean(axis=0), stacked.std(axis=0)))
+        for r in group:
+            if r["partial"]:
+                label = f"{algo} seed {r['seed']}: {r['partial']}"
+                out.append(Line(game, label, r["curve_steps"], smooth(r["values"], window), None))
+    return out
+
+
+def plot(drawn: list[Line], out: Path, tag: str, left_out: int = 0) -> list[Path]:
+    """One panel per game; partial runs dashed. A footnote counts the runs left out."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    games = sorted(curves)
+    plt.rcParams["svg.fonttype"] = "none"  # text stays text in the SVG (searchable, smaller)
+    games = sorted({line.game for line in drawn})
     columns = min(4, len(games))
     rows = -(-len(games) // columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.4 * rows), squeeze=False)
+    figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.4 * rows + 0.3), squeeze=False)
     for ax, game in zip(axes.flat, games, strict=False):
-        for algo in sorted(curves[game]):
-            runs = curves[game][algo]
-            end = min(steps[-1] for steps, _ in runs)  # the range every seed covers
-            start = max(steps[0] for steps, _ in runs)
-            grid = np.linspace(start, end, points) if end > start else np.array([end])
-            stacked = np.stack([np.interp(grid, s, smooth(v, window)) for s, v in runs])
-            mean, std = stacked.mean(axis=0), stacked.std(axis=0)
-            (line,) = ax.plot(grid, mean, label=f"{algo} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
-            ax.fill_between(grid, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+        for line in (line for line in drawn if line.game == game):
+            if line.std is None:
+                ax.plot(line.steps, line.mean, linestyle="--", linewidth=1, label=line.label)
+                continue
+            (curve,) = ax.plot(line.steps, line.mean, label=line.label)
+            ax.fill_between(line.steps, line.mean - line.std, line.mean + line.std, color=curve.get_color(), alpha=0.2)
         ax.set_title(game)
         ax.set_xlabel("agent steps")
         ax.set_ylabel(tag.split("/")[-1].replace("_", " "))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(games) :]:
         ax.set_visible(False)
-    figure.tight_layout()
+    notes = []
+    if left_out:
+        notes.append(f"Not drawn: {left_out} run(s), unfinished, much shorter, or an older run of a seed")
+        notes.append("(the command lists them).")
+    if any(line.std is None for line in drawn):
+        notes.append("Dashed: a single run on its own, to its own end, not in the means (--all-runs).")
+    note = textwrap.fill(" ".join(notes), width=int(20 * figure.get_figwidth()))
+    bottom = 0.0
+    if note:
+        figure.text(0.01, 0.01, note, fontsize=7, va="bottom")
+        bottom = (0.13 * (note.count("\n") + 1) + 0.05) / figure.get_figheight()
+    figure.tight_layout(rect=(0, bottom, 1, 1))
     written = []
     for suffix in (".png", ".svg"):
         path = out.with_suffix(suffix)
@@ -92,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="curves.png", help="the PNG to write; an SVG is written beside it")
     parser.add_argument("--tag", default="charts/episodic_return", help="the TensorBoard scalar to plot")
     parser.add_argument("--smooth", type=int, default=10, help="episodes in the trailing mean (1: none)")
+    parser.add_argument(
+        "--all-runs",
+        action="store_true",
+        help="also draw unfinished and much shorter runs, each alone (dashed) to its own end, not in the means",
+    )
     args = parser.parse_args(argv)
     try:
         import matplotlib  # noqa: F401
@@ -99,11 +158,13 @@ def main(argv: list[str] | None = None) -> int:
         print("error: plotting needs matplotlib: pip install 'value-atari[plot]'", flush=True)
         return 2
     root = Path(args.run_root)
-    curves = collect(root, args.tag) if root.is_dir() else {}
-    if not curves:
-        print(f"error: no run under {root} has the TensorBoard tag {args.tag}", flush=True)
+    runs, left_out = collect(root, args.tag, args.all_runs) if root.is_dir() else ([], [])
+    for line in left_out:
+        print(f"left out: {line}")
+    if not runs:
+        print(f"error: no run to draw under {root} with the TensorBoard tag {args.tag}", flush=True)
         return 2
-    for path in plot(curves, Path(args.out), args.tag, max(1, args.smooth)):
+    for path in plot(lines(runs, max(1, args.smooth)), Path(args.out), args.tag, len(left_out)):
         print(f"wrote {path}")
     return 0
 

@@ -8,6 +8,10 @@ stratified bootstrap 95% confidence interval (Agarwal et al. 2021, the method of
 package: resample runs with replacement within each game, 25% trimmed mean of all scores),
 separately for the tuning games and the held-out games.
 
+Seeds are counted by seed: of several runs of one algorithm, game and seed, the newest finished one is
+used. Unfinished runs and runs much shorter than the others of their algorithm and game are left out
+(``--all-runs`` gives each its own row); the runs left out are listed at the end, with the reason.
+
 rliable itself does not import with current pandas (its ``arch`` dependency fails), so this is
 our own small implementation; the tests check it against scipy's trimmed mean and a plain loop.
 """
@@ -18,6 +22,7 @@ import argparse
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +30,7 @@ from cleanrl_utils.scores import game_name, human_normalized_score
 
 TUNING_GAMES = ("Breakout", "Pong", "BeamRider", "Seaquest")
 HELD_OUT_GAMES = ("Qbert", "SpaceInvaders", "Enduro", "MsPacman")
+SHORT = 0.9  # a finished run with fewer agent steps than this share of the longest of its algorithm and game
 
 
 def interquartile_mean(scores: np.ndarray) -> float:
@@ -48,36 +54,88 @@ def stratified_bootstrap_ci(
     return float(low), float(high)
 
 
-def final_evaluations(run_root: Path) -> list[dict]:
-    """One record per run folder that has a final (or, failing that, last) evaluation."""
+def run_records(run_root: Path) -> list[dict[str, Any]]:
+    """One record per run folder under ``run_root`` that has a receipt: its algorithm, game and seed, how far it
+    got (agent steps), whether it finished, and when it started (the folder name's time, else the receipt's)."""
     records = []
     for receipt_path in sorted(run_root.glob("**/receipt.json")):
+        try:
+            receipt = json.loads(receipt_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
         folder = receipt_path.parent
-        evaluations_path = folder / "evaluations.json"
-        if not evaluations_path.exists():
-            continue
-        receipt = json.loads(receipt_path.read_text())
-        evaluations = json.loads(evaluations_path.read_text())
-        if not evaluations:
-            continue
-        final = next((e for e in reversed(evaluations) if e.get("final")), evaluations[-1])
         env_id = receipt["args"]["env_id"]
+        stamp = folder.name.rpartition("__")[2]
         records.append(
             {
                 "folder": str(folder),
-                "algo": receipt.get("args", {}).get("exp_name") or receipt["algo"],
+                "algo": receipt["args"].get("exp_name") or receipt["algo"],
                 "env_id": env_id,
                 "game": game_name(env_id),
                 "seed": receipt["seed"],
-                "step": final["step"],
-                "mean": float(final["mean"]),
+                "status": receipt.get("status"),
                 "finished": receipt.get("status") == "finished",
+                "steps": int(receipt.get("counts", {}).get("env_steps", 0)),
+                "started": float(stamp) if stamp.isdigit() else receipt_path.stat().st_mtime,
             }
         )
     return records
 
 
-def tables(records: list[dict]) -> str:
+def choose_runs(records: list[dict[str, Any]], all_runs: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+    """Which runs to show, and a line for each one left out, with the reason.
+
+    Seeds are counted by seed: of the runs of one algorithm, game and seed, the newest finished one (else the
+    newest) is used, the others left out. Unfinished runs, and runs much shorter (under ``SHORT``, 90%, of the
+    agent steps) than the longest finished run of their algorithm and game, are left out too. With ``all_runs``
+    every run left out is kept instead, its ``partial`` set to the reason (shown on its own, to its own end,
+    never averaged with the others); the runs averaged have ``partial`` None."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for record in records:
+        groups[record["game"], record["algo"], record["seed"]].append(record)
+    chosen, others = [], []
+    for runs in groups.values():
+        runs = sorted(runs, key=lambda r: (r["finished"], r["started"]), reverse=True)
+        chosen.append(runs[0])
+        used = f" ({Path(runs[0]['folder']).name} is used)"
+        others += [(r, "older run", f" of seed {r['seed']}{used}") for r in runs[1:]]
+    longest: dict[tuple, int] = defaultdict(int)
+    for r in chosen:
+        if r["finished"]:
+            longest[r["game"], r["algo"]] = max(longest[r["game"], r["algo"]], r["steps"])
+    kept, left_out = [], []
+    for r, why, detail in [(r, None, "") for r in chosen] + others:
+        full = longest[r["game"], r["algo"]]
+        if not r["finished"]:
+            why, detail = f"unfinished at step {r['steps']:,}", f" (status: {r['status']})"
+        elif why is None and r["steps"] < SHORT * full:
+            why = f"only {r['steps']:,} of {full:,} steps"
+        if why is None or all_runs:
+            kept.append({**r, "partial": why})
+        else:
+            left_out.append(f"{r['folder']}: {why}{detail}; --all-runs shows it on its own")
+    kept.sort(key=lambda r: (r["game"], r["algo"], r["seed"], r["started"]))
+    return kept, sorted(left_out)
+
+
+def final_evaluations(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The records that have an evaluation, each with its final (or, failing that, last) one: ``step`` and
+    ``mean``; and a line for each run without one."""
+    evaluated, left_out = [], []
+    for record in records:
+        path = Path(record["folder"]) / "evaluations.json"
+        evaluations = json.loads(path.read_text()) if path.exists() else []
+        if not evaluations:
+            left_out.append(f"{record['folder']}: no evaluation yet")
+            continue
+        final = next((e for e in reversed(evaluations) if e.get("final")), evaluations[-1])
+        evaluated.append({**record, "step": final["step"], "mean": float(final["mean"])})
+    return evaluated, left_out
+
+
+def tables(records: list[dict[str, Any]], left_out: list[str] | None = None) -> str:
+    """Per game, a row per algorithm (mean +- std over seeds of the final evaluations) and one per partial run
+    (``choose_runs(all_runs=True)``); then the aggregate IQM (whole runs only) and the runs left out."""
     by_game: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
         by_game[r["game"]][r["algo"]].append(r)
@@ -87,17 +145,27 @@ def tables(records: list[dict]) -> str:
         lines += [f"### {game}{group}", "", "| algorithm | seeds | steps | final eval (mean +- std over seeds) | HNS |"]
         lines.append("|---|---|---|---|---|")
         for algo in sorted(by_game[game]):
-            runs = by_game[game][algo]
-            means = np.array([r["mean"] for r in runs])
-            hns = human_normalized_score(runs[0]["env_id"], float(means.mean()))
-            steps = sorted({r["step"] for r in runs})
-            lines.append(
-                f"| {algo} | {len(runs)} | {', '.join(map(str, steps))} | {means.mean():.2f} +- {means.std():.2f} | "
-                f"{'n/a' if hns is None else f'{hns:.3f}'} |"
-            )
+            runs = [r for r in by_game[game][algo] if not r["partial"]]
+            if runs:
+                lines.append(row(algo, runs))
+            for r in by_game[game][algo]:
+                if r["partial"]:
+                    lines.append(row(f"{algo} seed {r['seed']}: {r['partial']}", [r]))
         lines.append("")
-    lines += aggregate(records)
+    lines += aggregate([r for r in records if not r["partial"]])
+    if left_out:
+        lines += ["", "### Left out", "", *(f"- {line}" for line in left_out)]
     return "\n".join(lines)
+
+
+def row(label: str, runs: list[dict[str, Any]]) -> str:
+    means = np.array([r["mean"] for r in runs])
+    hns = human_normalized_score(runs[0]["env_id"], float(means.mean()))
+    steps = sorted({r["step"] for r in runs})
+    return (
+        f"| {label} | {len({r['seed'] for r in runs})} | {', '.join(map(str, steps))} | "
+        f"{means.mean():.2f} +- {means.std():.2f} | {'n/a' if hns is None else f'{hns:.3f}'} |"
+    )
 
 
 def aggregate(records: list[dict]) -> list[str]:
@@ -129,16 +197,22 @@ def aggregate(records: list[dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cleanrl_utils.results", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_root", help="a folder of run folders (e.g. runs/)")
+    parser.add_argument(
+        "--all-runs",
+        action="store_true",
+        help="also list unfinished and much shorter runs, each on its own row (never averaged with the others)",
+    )
     args = parser.parse_args(argv)
     root = Path(args.run_root)
     if not root.is_dir():
         print(f"error: {root} is not a folder of runs", flush=True)
         return 2
-    records = final_evaluations(root)
+    chosen, left_out = choose_runs(run_records(root), args.all_runs)
+    records, no_evaluation = final_evaluations(chosen)
     if not records:
         print(f"error: no run with an evaluations.json under {root}", flush=True)
         return 2
-    print(tables(records))
+    print(tables(records, left_out + no_evaluation))
     return 0
 
 
