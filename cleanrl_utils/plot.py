@@ -3,7 +3,8 @@
     python -m cleanrl_utils.plot runs/ --out curves.png
 
 One panel per game, one line per algorithm: the mean over seeds of the (smoothed) training
-episodic return, with a band of +- one standard deviation, against agent steps. Writes the PNG
+episodic return, with a band of +- one standard deviation, against agent steps, and the random
+agent's score (DQN Zoo's table) as a dotted line on return plots. Writes the PNG
 and an SVG beside it. Needs matplotlib (``pip install 'value-atari[plot]'``).
 
 The runs drawn are chosen as ``cleanrl_utils.results`` chooses them: one per seed (the newest finished),
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from cleanrl_utils.results import choose_runs, run_records
+from cleanrl_utils.scores import REFERENCE_SCORES
 
 
 def read_curve(folder: Path, tag: str) -> tuple[np.ndarray, np.ndarray]:
@@ -112,6 +114,8 @@ def plot(drawn: list[Line], out: Path, tag: str, left_out: int = 0) -> list[Path
                 continue
             (curve,) = ax.plot(line.steps, line.mean, label=line.label)
             ax.fill_between(line.steps, line.mean - line.std, line.mean + line.std, color=curve.get_color(), alpha=0.2)
+        if tag.endswith("episodic_return") and game in REFERENCE_SCORES:  # where learning starts from
+            ax.axhline(REFERENCE_SCORES[game][0], color="gray", linestyle=":", linewidth=1, label="random play")
         ax.set_title(game)
         ax.set_xlabel("agent steps")
         ax.set_ylabel(tag.split("/")[-1].replace("_", " "))

@@ -161,7 +161,7 @@ def test_n_step_returns_match_a_naive_computation(n_step):
     for h in streams.history:
         expected.update(naive_n_step(h, n_step, gamma))
     seen = set()
-    for _ in range(150):  # 9,600 draws of ~500 transitions: each is seen but with probability ~3e-9
+    for _ in range(150):  # 9,600 draws of ~500 transitions: each one is missed with probability ~3e-9
         b = buffer.sample(64)
         for i in range(64):
             k = b.observations[i].numpy().tobytes() + bytes([b.actions[i].item()])

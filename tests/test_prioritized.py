@@ -150,7 +150,7 @@ def test_new_transitions_get_the_largest_priority_seen():
     low = (0.1 + buffer.eps) ** buffer.alpha
     buffer.update_priorities(live, np.full(len(live), 0.1))  # lower priorities do not lower the maximum
     before = [len(h) for h in streams.history]
-    fill(buffer, streams, 12, np.random.default_rng(5))
+    fill(buffer, streams, 6, np.random.default_rng(5))
     new_keys = {
         t["obs"].tobytes() + bytes([t["action"]]) for h, b in zip(streams.history, before, strict=True) for t in h[b:]
     }
