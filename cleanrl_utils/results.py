@@ -145,14 +145,14 @@ def tables(records: list[dict[str, Any]], left_out: list[str] | None = None) -> 
         lines += [f"### {game}{group}", "", "| algorithm | seeds | steps | final eval (mean +- std over seeds) | HNS |"]
         lines.append("|---|---|---|---|---|")
         for algo in sorted(by_game[game]):
-            runs = [r for r in by_game[game][algo] if not r["partial"]]
+            runs = [r for r in by_game[game][algo] if not r.get("partial")]
             if runs:
                 lines.append(row(algo, runs))
             for r in by_game[game][algo]:
-                if r["partial"]:
+                if r.get("partial"):
                     lines.append(row(f"{algo} seed {r['seed']}: {r['partial']}", [r]))
         lines.append("")
-    lines += aggregate([r for r in records if not r["partial"]])
+    lines += aggregate([r for r in records if not r.get("partial")])
     if left_out:
         lines += ["", "### Left out", "", *(f"- {line}" for line in left_out)]
     return "\n".join(lines)
