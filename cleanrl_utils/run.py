@@ -96,6 +96,7 @@ class Run:
         self.args = args
         self.script = str(Path(script).resolve())
         self.algo = Path(script).stem
+        self.git = git_revision()  # the code this process runs, even if the checkout changes meanwhile
         self.device = device
         if resumed is None:
             self.name = (
@@ -320,7 +321,7 @@ class Run:
             "args": dataclasses.asdict(self.args),
             "seed": self.args.seed,
             "run_dir": str(self.dir),
-            "git": git_revision(),
+            "git": self.git,
             "versions": versions(),
             "device": str(self.device),
             "dtype": str(torch.get_default_dtype()).removeprefix("torch."),

@@ -261,3 +261,17 @@ def test_evaluation_command_bad_input(saved_model, flags, words):
 def test_evaluation_command_refuses_a_missing_model(tmp_path):
     done = run_python("-m", "cleanrl_utils.evaluation", str(tmp_path / "nothing.cleanrl_model"))
     assert done.returncode == 2 and "no such file" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_receipt_keeps_the_revision_the_run_started_from(tmp_path, monkeypatch):
+    # A later commit in the checkout (here: git pointed at another repository) must not relabel a running run.
+    run = make_run(tmp_path / "runs")
+    started = run.git["revision"]
+    other = tmp_path / "other"
+    for command in (["init", "-q", str(other)], ["-C", str(other), "commit", "-q", "--allow-empty", "-m", "x"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *command], check=True)
+    monkeypatch.setenv("GIT_DIR", str(other / ".git"))
+    run.write_receipt()
+    receipt = json.loads((run.dir / "receipt.json").read_text())
+    assert receipt["git"]["revision"] == started and len(started) == 40
+    run.close()
