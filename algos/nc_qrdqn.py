@@ -17,7 +17,7 @@ import tyro
 
 from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
 from cleanrl_utils.checkpoint import Checkpointer, continue_run
-from cleanrl_utils.checks import check_memory, fail, pick_buffer_device, pick_device, validate_common_args
+from cleanrl_utils.checks import CpuThreads, check_memory, fail, pick_buffer_device, pick_device, validate_common_args
 from cleanrl_utils.encoder import NatureCNN, check_encoder
 from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
 from cleanrl_utils.evaluation import evaluate
@@ -35,6 +35,8 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     device: str = "auto"
     """auto (CUDA, then MPS, then CPU), cuda, mps or cpu"""
+    torch_threads: int = 0
+    """torch's CPU threads (0: automatic, printed at start; see README, "Throughput")"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "value-atari"
@@ -176,6 +178,8 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     args, resumed = continue_run(args, __file__)  # --resume: the run's own settings; a bad checkpoint stops here
     validate_common_args(args)
+    cpu_threads = CpuThreads(args.torch_threads)  # fewer torch threads while other processes hold cores
+    torch.set_num_threads(cpu_threads.choose())
     if args.n_quantiles < 2:
         fail(f"--n-quantiles {args.n_quantiles} must be >= 2 (a distribution needs two quantiles; QR-DQN uses 200)")
     if not args.kappa > 0.0:
@@ -274,6 +278,7 @@ if __name__ == "__main__":
 
         if global_step // 100 > previous_step // 100:
             sps = run.recent_sps(global_step)  # steps/s over the last minute, this process's steps only
+            torch.set_num_threads(cpu_threads.choose())  # re-read every 5 s
             run.scalar("charts/SPS", int(sps), global_step)
             run.scalar("charts/epsilon", epsilon, global_step)
             run.show_progress(global_step, args.total_timesteps, sps)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import os
 import sys
+import time
 from typing import Any, NoReturn
 
 import psutil
@@ -96,6 +99,63 @@ def pick_device(name: str) -> torch.device:
     if name not in ("cuda", "mps", "cpu"):
         fail(f"--device {name} is not one of auto, cuda, mps, cpu")
     return torch.device(name)
+
+
+class CpuThreads:
+    """How many CPU threads torch should use now (the script sets them: ``torch.set_num_threads``).
+
+    ``--torch-threads N``: always N. ``0`` (automatic): as many as the cores that other processes leave
+    free, at least 1 and at most torch's default, re-read every ``interval_s`` seconds from the machine's
+    and this process's CPU times. torch's OpenMP threads wait for each other by spinning, so with one of
+    2 cores held by another process, 2 threads ran DQN's learning phase 3x slower than 1 thread did
+    (benchmarks/RESULTS.md, "Under load"); on a quiet machine all of torch's threads are kept."""
+
+    def __init__(self, requested: int, interval_s: float = 5.0) -> None:
+        if requested < 0:
+            fail(f"--torch-threads {requested} must be >= 0 (0: automatic; 1 is safest on a shared machine)")
+        self.automatic = requested == 0
+        self.most = requested or torch.get_num_threads()
+        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        self.interval_s = interval_s
+        self.threads = self.most
+        self.others = 0.0  # cores used by other processes over the latest interval
+        self._process = psutil.Process()
+        self._mark = self._times()
+        if self.automatic:
+            print(
+                f"torch threads: {self.threads} (automatic: fewer while other processes use some of the "
+                f"{self.cores} cores; --torch-threads N fixes it)",
+                flush=True,
+            )
+        else:
+            print(f"torch threads: {self.threads} (--torch-threads)", flush=True)
+
+    def _times(self) -> tuple[float, float, float]:
+        """(wall clock, the machine's busy CPU seconds, this process's CPU seconds)."""
+        machine = psutil.cpu_times()
+        busy = sum(getattr(machine, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+        own = self._process.cpu_times()
+        return time.monotonic(), busy, own.user + own.system
+
+    def choose(self) -> int:
+        """The number of threads for the next interval; the same number until ``interval_s`` has passed."""
+        if not self.automatic:
+            return self.threads
+        now = self._times()
+        elapsed = now[0] - self._mark[0]
+        if elapsed < self.interval_s:
+            return self.threads
+        self.others = max(0.0, (now[1] - self._mark[1]) - (now[2] - self._mark[2])) / elapsed
+        self._mark = now
+        # any other process using more than a fifth of a core takes a whole core from us: our spinning
+        # threads are the first to starve, and a thread too many costs far more than a thread too few
+        threads = max(1, min(self.most, self.cores - math.ceil(self.others - 0.2)))
+        if threads != self.threads:
+            print(
+                f"torch threads: {threads} (other processes used {self.others:.1f} of {self.cores} cores)", flush=True
+            )
+        self.threads = threads
+        return threads
 
 
 def pick_buffer_device(name: str, device: torch.device) -> torch.device | None:

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,63 @@ def test_a_resumed_run_logs_its_own_rate_not_one_diluted_by_the_earlier_process(
     events.Reload()
     resumed = [e.value for e in events.Scalars("charts/SPS") if e.step > 1000]
     assert len(resumed) == 5 and min(resumed) >= 5, resumed
+
+
+# ---------------------------------------------------------------- torch's threads under load
+
+
+def test_torch_threads_fixed_by_the_flag_are_printed_and_kept_in_the_receipt(tmp_path):
+    done = run_python("algos/qrdqn.py", *TINY, "--total-timesteps", "300", "--torch-threads", "1",
+                      "--run-dir", str(tmp_path), timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "torch threads: 1 (--torch-threads)" in done.stdout
+    [run_dir] = tmp_path.iterdir()
+    receipt = json.loads((run_dir / "receipt.json").read_text())
+    assert receipt["args"]["torch_threads"] == 1 and receipt["hardware"]["torch_threads"] == 1
+
+
+def test_automatic_threads_are_the_default_and_printed(tmp_path):
+    done = run_python("algos/dqn.py", *TINY, "--total-timesteps", "300", "--run-dir", str(tmp_path), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"torch threads: \d+ \(automatic: fewer while other processes use", done.stdout)
+    [run_dir] = tmp_path.iterdir()
+    assert json.loads((run_dir / "receipt.json").read_text())["args"]["torch_threads"] == 0
+
+
+def test_negative_torch_threads_is_refused_before_anything_is_written(tmp_path):
+    done = run_python("algos/c51.py", *TINY, "--torch-threads", "-2", "--run-dir", str(tmp_path), timeout=120)
+    assert done.returncode == 2 and "--torch-threads -2 must be >= 0" in done.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_every_script_chooses_its_threads_and_rereads_them_in_the_loop():
+    for script in SCRIPTS:
+        source = script.read_text()
+        assert "cpu_threads = CpuThreads(args.torch_threads)" in source, script.name
+        assert source.count("torch.set_num_threads(cpu_threads.choose())") == 2, script.name
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to leave one to another process")
+def test_automatic_threads_give_a_core_back_while_another_process_holds_it():
+    """A busy process (as ``python3 -c "while True: pass"``) takes a core: the automatic choice drops to
+    fewer threads than torch's default once it has seen an interval of it, and a fixed choice does not."""
+    from cleanrl_utils.checks import CpuThreads
+
+    default = torch.get_num_threads()
+    torch.set_num_threads(2)  # as on a 2-core machine, whatever this one has
+    try:
+        automatic, fixed = CpuThreads(0, interval_s=1.5), CpuThreads(2, interval_s=1.5)
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            time.sleep(2.0)  # one interval (1.5 s) with the other process on a core
+            assert automatic.choose() == 1, automatic.others
+            assert automatic.others > 0.5
+            assert fixed.choose() == 2
+        finally:
+            busy.kill()
+            busy.wait()
+    finally:
+        torch.set_num_threads(default)
 
 
 # ---------------------------------------------------------------- a run that never learns says so
