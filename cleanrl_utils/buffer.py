@@ -19,7 +19,7 @@ go through pinned memory without blocking the host.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -83,6 +83,49 @@ class ReplayBuffer:
 
     def __len__(self) -> int:
         return int(self.valid.sum())
+
+    # What a checkpoint holds: the settings (checked on load, never overwritten) and the contents.
+    SETTINGS = ("stack", "num_envs", "capacity", "n_step", "gamma")
+    ARRAYS = ("frames", "actions", "rewards", "dones", "ends", "valid", "cursor", "written", "open")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The replay memory as plain data: its settings, its arrays (``frames`` copied to host memory
+        where it lives on a GPU) and its sampling generator's state."""
+        state: dict[str, Any] = {name: getattr(self, name) for name in self.SETTINGS}
+        for name in self.ARRAYS:
+            value = getattr(self, name)
+            state[name] = value.cpu().numpy() if isinstance(value, torch.Tensor) else value.copy()
+        state["rng"] = self.rng.bit_generator.state
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put a ``state_dict`` back; a memory of other settings, shapes or fields is refused (ValueError)."""
+        expected = {*self.SETTINGS, *self.ARRAYS, "rng"}
+        if set(state) != expected:
+            raise ValueError(
+                f"replay state has fields {sorted(set(state) - expected)} this buffer lacks and lacks "
+                f"{sorted(expected - set(state))}"
+            )
+        for name in self.SETTINGS:
+            if state[name] != getattr(self, name):
+                raise ValueError(
+                    f"replay {name} is {state[name]} in the checkpoint but {getattr(self, name)} in this run "
+                    "(different --buffer-size, --num-envs, --n-step or --gamma?)"
+                )
+        for name in self.ARRAYS:
+            current, saved = getattr(self, name), np.asarray(state[name])
+            if tuple(current.shape) != saved.shape or str(current.dtype).removeprefix("torch.") != str(saved.dtype):
+                raise ValueError(
+                    f"replay {name} is {saved.dtype}{list(saved.shape)} in the checkpoint but "
+                    f"{current.dtype}{list(current.shape)} in this run"
+                )
+        for name in self.ARRAYS:
+            current = getattr(self, name)
+            if isinstance(current, torch.Tensor):
+                current.copy_(torch.from_numpy(np.asarray(state[name])))
+            else:
+                current[...] = state[name]
+        self.rng.bit_generator.state = state["rng"]
 
     def cut_episodes(self) -> None:
         """The games in progress are gone (a resumed run starts new ones): their last stored

@@ -12,6 +12,7 @@ second signal exits at once.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import random
 import shutil
@@ -62,50 +63,19 @@ def _decode(value: Any) -> Any:
     return value
 
 
-def array_state(obj: Any) -> dict[str, Any]:
-    """The NumPy arrays, tensors, scalars and NumPy generators held by ``obj`` (one level of nesting,
-    e.g. a sum tree inside a buffer): what a replay buffer or an environment vector needs to continue."""
-    state: dict[str, Any] = {}
-    for name, value in vars(obj).items():
-        if isinstance(value, np.ndarray):
-            state[name] = value
-        elif isinstance(value, torch.Tensor):
-            state[name] = value.detach().cpu().numpy()
-        elif isinstance(value, np.random.Generator):
-            state[name] = {"__generator__": value.bit_generator.state}
-        elif isinstance(value, (bool, int, float)) and not name.startswith("_"):
-            state[name] = value
-        elif hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, torch.device, type)):
-            inner = {k: v for k, v in vars(value).items() if isinstance(v, np.ndarray)}
-            if inner:
-                state[name] = {"__object__": inner}
-    return state
-
-
-def load_array_state(obj: Any, state: dict[str, Any], what: str) -> None:
-    """Put ``array_state``'s arrays back, refusing shapes or dtypes that differ from ``obj``'s own."""
+def _older_replay_state(state: dict[str, Any]) -> dict[str, Any]:
+    """Checkpoints written before the buffers had ``state_dict`` (same format version) kept the replay
+    memory as ``{name: value}`` read off the buffer's attributes, its generator as ``{"__generator__": ...}``
+    and the sum tree nested as ``{"__object__": ...}``: the same fields, flattened here."""
+    flat: dict[str, Any] = {}
     for name, value in state.items():
-        current = getattr(obj, name, None)
         if isinstance(value, dict) and "__generator__" in value:
-            current.bit_generator.state = value["__generator__"]
+            flat[name] = value["__generator__"]
         elif isinstance(value, dict) and "__object__" in value:
-            load_array_state(current, value["__object__"], f"{what}.{name}")
-        elif isinstance(current, torch.Tensor):
-            _check_array(current.cpu().numpy(), value, f"{what}.{name}")
-            current.copy_(torch.from_numpy(value))
-        elif isinstance(current, np.ndarray):
-            _check_array(current, value, f"{what}.{name}")
-            current[...] = value
+            flat.update({f"{name}.{k}": v for k, v in value["__object__"].items()})
         else:
-            setattr(obj, name, value)
-
-
-def _check_array(current: np.ndarray, saved: np.ndarray, name: str) -> None:
-    if current.shape != saved.shape or current.dtype != saved.dtype:
-        raise CheckpointError(
-            f"{name} is {saved.dtype}{list(saved.shape)} in the checkpoint but {current.dtype}{list(current.shape)} "
-            "in this run (different --buffer-size, --num-envs or game?)"
-        )
+            flat[name] = value
+    return flat
 
 
 def _fsync_dir(path: Path) -> None:
@@ -143,39 +113,27 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def moments_like_parameters(optimizer: torch.optim.Optimizer) -> None:
+    """Give each per-parameter state tensor (Adam's moments) its parameter's memory layout. A checkpoint
+    written where the networks were contiguous (CUDA) and loaded where they are channels-last (CPU), or
+    the reverse, otherwise pairs NHWC parameters with NCHW moments, and the fused Adam kernel, which walks
+    them in memory order, gets every update after the resume wrong (tests/test_checkpoint.py)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.shape == p.shape and value.stride() != p.stride():
+                    state[key] = torch.empty_like(p, dtype=value.dtype).copy_(value)  # p's strides
+
+
+def optimizers_in(module: Any) -> list[torch.optim.Optimizer]:
+    """The optimizer itself, or those a ValueAlgorithm (the template) holds as attributes."""
+    if isinstance(module, torch.optim.Optimizer):
+        return [module]
+    return [value for value in vars(module).values() if isinstance(value, torch.optim.Optimizer)]
+
+
 # ---------------------------------------------------------------- environments
-
-
-TRAIN_ENVS_FIELDS = ("lives", "pending_reset", "forced_actions", "returns", "lengths")
-
-
-def environment_state(envs: Any) -> dict[str, Any] | None:
-    """TrainEnvs' own counters plus each environment's state (``get_state()``), or None where the
-    environments cannot give theirs (ale-py's vector environment cannot: a resumed run then starts
-    new games)."""
-    inner = getattr(envs.envs, "envs", None)  # Gymnasium's SyncVectorEnv keeps its environments here
-    if inner is None or not all(hasattr(env.unwrapped, "get_state") for env in inner):
-        return None
-    return {
-        "train_envs": {name: getattr(envs, name).copy() for name in TRAIN_ENVS_FIELDS},
-        "autoreset": np.asarray(envs.envs._autoreset_envs).copy(),
-        "envs": [env.unwrapped.get_state() for env in inner],
-    }
-
-
-def restore_environments(envs: Any, state: dict[str, Any] | None, seed: int) -> tuple[np.ndarray | None, bool]:
-    """Continue the saved games where possible (returns None: the caller has the observation);
-    else start new games with a fresh seed (returns their first observation)."""
-    if state is not None and environment_state(envs) is not None:
-        envs.reset()  # builds the environments' internals, then the saved state overwrites them
-        for name in TRAIN_ENVS_FIELDS:
-            getattr(envs, name)[...] = state["train_envs"][name]
-        envs.envs._autoreset_envs = np.asarray(state["autoreset"]).copy()
-        for env, env_state in zip(envs.envs.envs, state["envs"], strict=True):
-            env.unwrapped.set_state(env_state)
-        return None, True
-    envs.seed = seed
-    return envs.reset(), False
 
 
 def continue_run(args: Any, script: str) -> tuple[Any, Resumed | None]:
@@ -250,6 +208,39 @@ def read_checkpoint(path: Path, script: str) -> Resumed:
     return Resumed(path=path, run_dir=run_dir, state=state)
 
 
+def _run_summary(run: Path) -> str:
+    try:
+        receipt = json.loads((run / "receipt.json").read_text())
+    except (OSError, ValueError):
+        receipt = {}
+    newest = list_checkpoints(run)
+    where = f"newest checkpoint at step {int(newest[0].name[len(PREFIX) :])}" if newest else "no checkpoint"
+    return f"{run}  ({receipt.get('algo', '?')}, {receipt.get('status', '?')}, {where})"
+
+
+def _one_run_under(folder: Path, resume: str, algo: str) -> Path:
+    """``--resume`` given a folder of runs (a ``--run-dir``): the one run of this script that has a
+    checkpoint; otherwise stop and list the runs there."""
+    runs = sorted(p for p in folder.iterdir() if p.is_dir() and (p / "receipt.json").is_file())
+    if not runs:
+        fail(f"--resume {resume}: neither a run folder nor a folder of runs (no receipt.json there or one level down)")
+    mine = []
+    for run in runs:
+        try:
+            if json.loads((run / "receipt.json").read_text()).get("algo") == algo and list_checkpoints(run):
+                mine.append(run)
+        except (OSError, ValueError):
+            continue
+    if len(mine) == 1:
+        print(f"--resume {resume}: the one {algo} run there with a checkpoint is {mine[0]}", flush=True)
+        return mine[0]
+    listing = "\n".join(f"  {_run_summary(run)}" for run in runs)
+    fail(
+        f"--resume {resume} is a folder of {len(runs)} runs, {len(mine)} of them {algo} runs with a checkpoint; "
+        f"give one run folder, e.g. --resume {mine[0] if mine else runs[0]}:\n{listing}"
+    )
+
+
 def find_checkpoint(resume: str, script: str) -> Resumed:
     """``--resume`` takes a run folder (its newest checkpoint) or one checkpoint folder. An unreadable
     checkpoint is refused with the reason and the next older one offered; nothing is deleted."""
@@ -260,6 +251,8 @@ def find_checkpoint(resume: str, script: str) -> Resumed:
         candidates = [path]
         older = [p for p in list_checkpoints(path.parent.parent) if p.name < path.name]
     else:
+        if not (path / "receipt.json").is_file() and not (path / "checkpoints").is_dir():
+            path = _one_run_under(path, resume, Path(script).stem)  # a --run-dir folder: its one run
         candidates = list_checkpoints(path)
         if not candidates:
             fail(
@@ -362,6 +355,8 @@ class Checkpointer:
             module.load_state_dict(state[name])
             for buffer_name, value in state["module_buffers"].get(name, {}).items():  # e.g. NoisyLinear's noise
                 module.get_buffer(buffer_name).copy_(value)
+            for optimizer in optimizers_in(module):
+                moments_like_parameters(optimizer)
         set_rng_state(state["rng"])
         if self.rng is not None:
             self.rng.bit_generator.state = state["loop_rng"]
@@ -372,18 +367,23 @@ class Checkpointer:
         run.last_return = state["last_return"]
         write_json_atomic(run.dir / "evaluations.json", run.evaluations)  # drops any written after the checkpoint
         resume_count = len(state["resumes"]) + 1
-        obs, envs_restored = restore_environments(
-            self.envs, state["environments"], seed=self.args.seed + 1_000_003 * resume_count
-        )
-        if obs is None:
+        envs_restored = state["environments"] is not None and self.envs.games_can_be_saved
+        if envs_restored:
+            self.envs.load_state_dict(state["environments"])
             obs = state["obs"]
+        else:  # the saved games are gone: new games, seeded apart from the first run's
+            self.envs.seed = self.args.seed + 1_000_003 * resume_count
+            obs = self.envs.reset()
         buffer_restored = bool(state["buffer_saved"])
         if buffer_restored:
             arrays = {
                 n: np.load(self.resumed.path / "replay" / f"{n}.npy", allow_pickle=False)
                 for n in state["replay_arrays"]
             }
-            load_array_state(self.replay, _rebuild(state["replay_state"], arrays), "replay")
+            try:
+                self.replay.load_state_dict(_older_replay_state(_rebuild(state["replay_state"], arrays)))
+            except ValueError as error:
+                fail(f"--resume {self.resumed.path}: {error}")
         if not envs_restored and buffer_restored:
             self.replay.cut_episodes()  # the saved games are gone: their transitions end there (bootstrapping)
         step = self.resumed.step
@@ -448,7 +448,7 @@ class Checkpointer:
         for stale in self.folder.glob(f"{PREFIX}*.tmp"):  # left by a kill during an earlier write
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
-        replay_state = array_state(self.replay) if self.args.checkpoint_buffer else {}
+        replay_state = self.replay.state_dict() if self.args.checkpoint_buffer else {}
         arrays: dict[str, np.ndarray] = {}
         replay_state = _split_arrays(replay_state, arrays)
         if arrays:
@@ -473,7 +473,7 @@ class Checkpointer:
             "rng": rng_state(),
             "loop_rng": None if self.rng is None else self.rng.bit_generator.state,
             "obs": np.asarray(obs),
-            "environments": environment_state(self.envs),
+            "environments": self.envs.state_dict() if self.envs.games_can_be_saved else None,
             "buffer_saved": bool(arrays),
             "replay_arrays": sorted(arrays),
             "replay_state": replay_state,
@@ -511,21 +511,21 @@ def _finite(state: Any) -> bool:
     return True
 
 
-def _split_arrays(state: dict[str, Any], arrays: dict[str, np.ndarray], prefix: str = "") -> dict[str, Any]:
+def _split_arrays(state: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
     """Move large arrays out of ``state`` (into ``arrays``, saved as .npy) leaving their names."""
     out: dict[str, Any] = {}
     for name, value in state.items():
         if isinstance(value, np.ndarray) and value.nbytes > 4096:
-            arrays[prefix + name] = value
-            out[name] = {"__npy__": prefix + name}
-        elif isinstance(value, dict) and "__object__" in value:
-            out[name] = {"__object__": _split_arrays(value["__object__"], arrays, prefix + name + ".")}
+            arrays[name] = value
+            out[name] = {"__npy__": name}
         else:
             out[name] = value
     return out
 
 
 def _rebuild(state: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """``_split_arrays`` undone (and the nesting of older checkpoints' sum tree kept for
+    ``_older_replay_state``)."""
     out: dict[str, Any] = {}
     for name, value in state.items():
         if isinstance(value, dict) and "__npy__" in value:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import ale_py
 import gymnasium as gym
@@ -138,6 +139,39 @@ class TrainEnvs:
         self.lengths = np.zeros(num_envs, dtype=np.int64)
         self.stacks: np.ndarray | None = None  # ALE games: the frame stacks last returned
         self._sent: np.ndarray | None = None  # actions sent and not yet received
+
+    # What a checkpoint holds of this class's own bookkeeping, beside the games themselves.
+    STATE_FIELDS = ("lives", "pending_reset", "forced_actions", "returns", "lengths")
+
+    @property
+    def games_can_be_saved(self) -> bool:
+        """Whether ``state_dict`` can hold the games in progress: environments with ``get_state`` /
+        ``set_state`` (the tests' toy games). ale-py's vector environment cannot save its games, so a
+        resumed Atari run starts new ones."""
+        inner = getattr(self.envs, "envs", None)  # Gymnasium's SyncVectorEnv keeps its environments here
+        return inner is not None and all(hasattr(env.unwrapped, "get_state") for env in inner)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The games in progress and this class's counters; only where ``games_can_be_saved``."""
+        if not self.games_can_be_saved:
+            raise ValueError(f"{self.env_id}'s environments cannot save their games (no get_state)")
+        return {
+            "train_envs": {name: getattr(self, name).copy() for name in self.STATE_FIELDS},
+            # which environments reset at their next step: SyncVectorEnv keeps it in a private field only
+            "autoreset": np.asarray(self.envs._autoreset_envs).copy(),
+            "envs": [env.unwrapped.get_state() for env in self.envs.envs],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved games: the environments are built by a reset, then overwritten."""
+        if not self.games_can_be_saved:
+            raise ValueError(f"{self.env_id}'s environments cannot load saved games (no set_state)")
+        self.reset()
+        for name in self.STATE_FIELDS:
+            getattr(self, name)[...] = state["train_envs"][name]
+        self.envs._autoreset_envs = np.asarray(state["autoreset"]).copy()
+        for env, env_state in zip(self.envs.envs, state["envs"], strict=True):
+            env.unwrapped.set_state(env_state)
 
     def reset(self) -> np.ndarray:
         if self._sent is not None:  # a step in flight: finish it (its result is dropped)

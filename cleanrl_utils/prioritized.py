@@ -16,7 +16,7 @@ is never sampled.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -135,6 +135,30 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.alpha, self.eps = alpha, eps
         self.tree = SumTree(self.num_envs * self.capacity)
         self.max_priority = 1.0  # new transitions get the largest priority seen so far
+
+    SETTINGS = (*ReplayBuffer.SETTINGS, "alpha", "eps")
+
+    def state_dict(self) -> dict[str, Any]:
+        """``ReplayBuffer.state_dict`` plus the sum tree's sums and minima and the largest priority seen."""
+        return {
+            **super().state_dict(),
+            "tree.sums": self.tree.sums.copy(),
+            "tree.mins": self.tree.mins.copy(),
+            "max_priority": self.max_priority,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        own = ("tree.sums", "tree.mins", "max_priority")
+        missing = [name for name in own if name not in state]
+        if missing:
+            raise ValueError(f"replay state lacks {missing}: not a prioritized replay memory")
+        for name in ("tree.sums", "tree.mins"):
+            if np.shape(state[name]) != self.tree.sums.shape:
+                raise ValueError(f"replay {name} has shape {np.shape(state[name])}, not {self.tree.sums.shape}")
+        super().load_state_dict({k: v for k, v in state.items() if k not in own})
+        self.tree.sums[...] = state["tree.sums"]
+        self.tree.mins[...] = state["tree.mins"]
+        self.max_priority = float(state["max_priority"])
 
     def add(
         self,

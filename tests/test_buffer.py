@@ -211,3 +211,74 @@ def test_real_ale_stream_is_sampled_byte_exact():
     keys = sampled_keys(buffer, 40)
     assert all(k in truth for k in keys)
     assert any(k[4] for k in keys)  # terminal transitions are sampled, with done set
+
+
+# ---------------------------------------------------------------- state_dict: what a checkpoint holds
+
+
+def filled(num_envs: int = 3, buffer_size: int = 90, n_step: int = 1, seed: int = 5) -> ReplayBuffer:
+    buffer = ReplayBuffer(buffer_size, num_envs, (STACK, *FRAME), n_step=n_step, gamma=0.9, seed=seed)
+    fill(buffer, RandomStreams(num_envs, seed), 70, np.random.default_rng(seed))
+    return buffer
+
+
+def test_state_dict_round_trip_samples_the_same_batches_and_continues_alike():
+    buffer = filled(n_step=3)
+    copy = ReplayBuffer(90, 3, (STACK, *FRAME), n_step=3, gamma=0.9, seed=999)  # another sampling seed
+    copy.load_state_dict(buffer.state_dict())
+    for _ in range(3):
+        a, b = buffer.sample(32), copy.sample(32)
+        for field in a._fields:
+            np.testing.assert_array_equal(np.asarray(getattr(a, field)), np.asarray(getattr(b, field)), field)
+    streams_a, streams_b = RandomStreams(3, 11), RandomStreams(3, 11)  # both go on with the same stream
+    fill(buffer, streams_a, 20, np.random.default_rng(1))
+    fill(copy, streams_b, 20, np.random.default_rng(1))
+    for name in ReplayBuffer.ARRAYS:
+        np.testing.assert_array_equal(getattr(buffer, name), getattr(copy, name), name)
+
+
+def test_state_dict_declares_every_array_the_buffer_holds():
+    """A new array attribute must be declared (ARRAYS) or it would silently miss checkpoints."""
+    buffer = filled()
+    arrays = {name for name, value in vars(buffer).items() if isinstance(value, np.ndarray)}
+    assert arrays == set(ReplayBuffer.ARRAYS)
+    state = buffer.state_dict()
+    assert set(state) == {*ReplayBuffer.SETTINGS, *ReplayBuffer.ARRAYS, "rng"}
+    state["frames"][...] = 0  # a copy, not a view: saving never aliases the live memory
+    assert buffer.frames.any()
+
+
+@pytest.mark.parametrize(
+    "other, words",
+    [
+        (dict(buffer_size=120), "capacity is 30 in the checkpoint but 40"),
+        (dict(n_step=2), "n_step is 1 in the checkpoint but 2"),
+        (dict(num_envs=2, buffer_size=60), "num_envs is 3 in the checkpoint but 2"),
+    ],
+)
+def test_state_dict_of_other_settings_is_refused_with_the_reason(other, words):
+    state = filled().state_dict()
+    kwargs = dict(buffer_size=90, num_envs=3, n_step=1) | other
+    target = ReplayBuffer(
+        kwargs["buffer_size"], kwargs["num_envs"], (STACK, *FRAME), n_step=kwargs["n_step"], gamma=0.9
+    )
+    before = target.frames.copy()
+    with pytest.raises(ValueError, match=words):
+        target.load_state_dict(state)
+    np.testing.assert_array_equal(target.frames, before)  # nothing half-loaded
+    state.pop("open")
+    with pytest.raises(ValueError, match="lacks \\['open'\\]"):
+        ReplayBuffer(90, 3, (STACK, *FRAME), gamma=0.9).load_state_dict(state)
+
+
+def test_checkpoints_written_before_state_dict_still_load():
+    """Older checkpoints kept the buffer's attributes as read off ``vars()``, the generator wrapped as
+    {"__generator__": ...}: the checkpoint reader flattens them into today's fields."""
+    from cleanrl_utils.checkpoint import _older_replay_state
+
+    buffer = filled()
+    older = {name: getattr(buffer, name) for name in (*ReplayBuffer.SETTINGS, *ReplayBuffer.ARRAYS)}
+    older["rng"] = {"__generator__": buffer.rng.bit_generator.state}
+    copy = ReplayBuffer(90, 3, (STACK, *FRAME), gamma=0.9, seed=1)
+    copy.load_state_dict(_older_replay_state(older))
+    np.testing.assert_array_equal(buffer.sample(16).actions, copy.sample(16).actions)

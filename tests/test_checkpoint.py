@@ -8,6 +8,7 @@ Exactness: on CPU with a fixed seed, a run interrupted (at a random moment) and 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -255,3 +256,115 @@ def test_a_resume_whose_first_logging_step_comes_before_its_first_update_finishe
     assert "learning waits until step 1999" in again.stdout
     receipt = json.loads((run_dir / "receipt.json").read_text())
     assert receipt["status"] == "finished" and receipt["counts"]["env_steps"] == 2100
+
+
+# ---------------------------------------------------------------- every script resumes exactly
+
+SCRIPTS = sorted(p.stem for p in (REPO / "algos").glob("*.py"))
+SHORT = [
+    "--env-id", "tests.toy_envs:DelayedImage-v0", "--total-timesteps", "600", "--learning-starts", "100",
+    "--buffer-size", "500", "--train-frequency", "2", "--target-network-frequency", "50", "--eval-every", "0",
+    "--eval-episodes", "2", "--device", "cpu", "--checkpoint-every", "200", "--checkpoint-buffer", "--save-model",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_resumed_from_a_checkpoint_ends_bit_identical(script, tmp_path):
+    """Each script's run, resumed from its step-200 checkpoint (replay memory, every RNG and the toy games
+    included), ends with the weights of the run that went straight through."""
+    done = run_python(f"algos/{script}.py", *SHORT, "--run-dir", str(tmp_path / "straight"), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [straight] = (tmp_path / "straight").iterdir()
+    copy = tmp_path / "resumed" / straight.name
+    copy.parent.mkdir()
+    subprocess.run(["cp", "-r", str(straight), str(copy)], check=True)
+    for model in copy.glob("*.cleanrl_model"):
+        model.unlink()
+    again = run_python(f"algos/{script}.py", "--resume", str(copy / "checkpoints" / "step_000000000200"), timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stdout and "games continued" in again.stdout, again.stdout[-2000:]
+    a, b = weights(straight), weights(copy)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), (
+            f"{script}: {key} differs after resume (max {(a[key] - b[key]).abs().max()})"
+        )
+
+
+# ---------------------------------------------------------------- optimizer state across layouts
+
+
+def test_optimizer_moments_take_their_parameters_layout_on_load():
+    """A checkpoint written with contiguous networks (as on CUDA) and loaded into channels-last ones (as on
+    CPU): the fused Adam kernel walks moments and parameters in memory order, so unless the loaded moments
+    take the parameters' layout, every later update is wrong. With the fix, the resumed updates equal those
+    of the run that went straight through, bit for bit; without it they differ."""
+    from torch import nn
+
+    from cleanrl_utils.checkpoint import moments_like_parameters
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(4, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 3))
+    net = net.to(memory_format=torch.channels_last)
+    x, y = torch.randn(16, 4, 8, 8).to(memory_format=torch.channels_last), torch.randn(16, 3)
+
+    def train(network, optimizer, steps):
+        for _ in range(steps):
+            loss = ((network(x) - y) ** 2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-2, fused=True)
+    train(net, optimizer, 3)
+    saved = copy.deepcopy(optimizer.state_dict())
+    written_contiguous = copy.deepcopy(saved)  # what a CUDA run (contiguous networks) writes
+    for state in written_contiguous["state"].values():
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.dim() == 4:
+                state[key] = value.contiguous()
+
+    def resumed(state, fix):
+        network = copy.deepcopy(net)
+        optimizer = torch.optim.Adam(network.parameters(), lr=1e-2, fused=True)
+        optimizer.load_state_dict(copy.deepcopy(state))
+        if fix:
+            moments_like_parameters(optimizer)
+        train(network, optimizer, 3)
+        return network[0].weight.detach()
+
+    straight = resumed(saved, fix=False)
+    assert torch.equal(resumed(written_contiguous, fix=True), straight)
+    assert not torch.equal(resumed(written_contiguous, fix=False), straight)  # the fault the fix removes
+    fixed = torch.optim.Adam(copy.deepcopy(net).parameters(), lr=1e-2, fused=True)
+    fixed.load_state_dict(copy.deepcopy(written_contiguous))
+    moments_like_parameters(fixed)
+    for p in fixed.param_groups[0]["params"]:
+        assert all(v.stride() == p.stride() for v in fixed.state[p].values() if v.shape == p.shape)
+
+
+def test_resume_given_the_run_dir_resumes_its_one_run_or_lists_several(uninterrupted, tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    empty = run_python("algos/dqn.py", "--resume", str(runs), timeout=120)
+    assert empty.returncode == 2 and "neither a run folder nor a folder of runs" in empty.stderr, empty.stderr
+
+    subprocess.run(["cp", "-r", str(uninterrupted), str(runs / "first")], check=True)
+    subprocess.run(["cp", "-r", str(uninterrupted), str(runs / "second")], check=True)
+    several = run_python("algos/dqn.py", "--resume", str(runs), timeout=120)
+    assert several.returncode == 2 and "Traceback" not in several.stderr
+    assert "is a folder of 2 runs, 2 of them dqn runs with a checkpoint" in several.stderr, several.stderr
+    for name in ("first", "second"):
+        assert f"{runs / name}  (dqn, finished, newest checkpoint at step 1000)" in several.stderr
+    assert "the run wrote none" not in several.stderr
+
+    other = run_python("algos/c51.py", "--resume", str(runs), timeout=120)  # runs of another script only
+    assert other.returncode == 2 and "0 of them c51 runs with a checkpoint" in other.stderr, other.stderr
+
+    subprocess.run(["rm", "-r", str(runs / "second")], check=True)
+    for model in (runs / "first").glob("*.cleanrl_model"):
+        model.unlink()
+    one = run_python("algos/dqn.py", "--resume", str(runs), timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert f"the one dqn run there with a checkpoint is {runs / 'first'}" in one.stdout
+    assert "resumed from" in one.stdout and (runs / "first" / "dqn.cleanrl_model").exists()

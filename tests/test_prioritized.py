@@ -209,17 +209,15 @@ def test_dead_indices_keep_priority_zero():
 
 
 def test_checkpoint_state_round_trip_and_cut_episodes():
-    """The checkpoint code saves a buffer's arrays and its sum tree's (cleanrl_utils.checkpoint.array_state);
-    a buffer loaded from them samples the same transitions with the same weights. Cutting the games in progress
+    """A buffer's ``state_dict`` holds its arrays and its sum tree's; a buffer loaded from it samples the same
+    transitions with the same weights. Cutting the games in progress
     (a resume that does not continue them) completes their last n-step returns, which become sampleable at
     the largest priority."""
-    from cleanrl_utils.checkpoint import array_state, load_array_state
-
     buffer, _ = filled_buffer(num_envs=3, buffer_size=60, n_step=3, steps=50)
     live = live_leaves(buffer)
     buffer.update_priorities(live, np.random.default_rng(0).exponential(size=len(live)))
     copy = PrioritizedReplayBuffer(60, 3, (STACK, *FRAME), n_step=3, gamma=0.9, seed=123)
-    load_array_state(copy, array_state(buffer), "replay")
+    copy.load_state_dict(buffer.state_dict())
     np.testing.assert_array_equal(copy.tree.sums, buffer.tree.sums)
     assert copy.max_priority == buffer.max_priority
     a, b = buffer.sample(16, 0.5), copy.sample(16, 0.5)
@@ -255,3 +253,26 @@ def test_buffer_refuses_bad_input():
     assert np.isfinite(buffer.tree.total()) and buffer.max_priority == pytest.approx((2.0 + buffer.eps) ** 0.6)
     with pytest.raises(ValueError, match="indices"):
         buffer.update_priorities(live, np.array([1.0]))
+
+
+def test_state_dict_declares_the_tree_and_older_checkpoints_load():
+    """The prioritized buffer's state adds the sum tree and the largest priority to the replay fields; an older
+    checkpoint (the tree nested as {"__object__": ...}) loads into the same state."""
+    from cleanrl_utils.checkpoint import _older_replay_state
+
+    buffer, _ = filled_buffer(num_envs=2, buffer_size=40, n_step=1, steps=30)
+    live = live_leaves(buffer)
+    buffer.update_priorities(live, np.random.default_rng(1).exponential(size=len(live)))
+    state = buffer.state_dict()
+    assert set(state) == {*PrioritizedReplayBuffer.SETTINGS, *PrioritizedReplayBuffer.ARRAYS, "rng", "tree.sums",
+                          "tree.mins", "max_priority"}  # fmt: skip
+    older = {k: v for k, v in state.items() if not k.startswith("tree.") and k != "rng"}
+    older["rng"] = {"__generator__": state["rng"]}
+    older["tree"] = {"__object__": {"sums": state["tree.sums"], "mins": state["tree.mins"]}}
+    copy = PrioritizedReplayBuffer(40, 2, (STACK, *FRAME), n_step=1, gamma=0.9, seed=7)
+    copy.load_state_dict(_older_replay_state(older))
+    np.testing.assert_array_equal(copy.tree.mins, buffer.tree.mins)
+    np.testing.assert_array_equal(copy.sample(8, 0.4).indices, buffer.sample(8, 0.4).indices)
+    wrong = PrioritizedReplayBuffer(40, 2, (STACK, *FRAME), n_step=1, gamma=0.9, alpha=0.9)
+    with pytest.raises(ValueError, match="alpha is"):
+        wrong.load_state_dict(state)
