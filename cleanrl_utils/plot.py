@@ -27,6 +27,15 @@ from cleanrl_utils.results import choose_runs, run_records
 from cleanrl_utils.scores import REFERENCE_SCORES
 
 
+def steps_label(value: float, _position: Any = None) -> str:
+    """An axis label for a number of agent steps: 0, 50k, 1.5M."""
+    if abs(value) >= 1e6:
+        return f"{value / 1e6:g}M"
+    if abs(value) >= 1e3:
+        return f"{value / 1e3:g}k"
+    return f"{value:g}"
+
+
 def read_curve(folder: Path, tag: str) -> tuple[np.ndarray, np.ndarray]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -101,6 +110,7 @@ def plot(drawn: list[Line], out: Path, tag: str, left_out: int = 0) -> list[Path
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     plt.rcParams["svg.fonttype"] = "none"  # text stays text in the SVG (searchable, smaller)
     games = sorted({line.game for line in drawn})
@@ -118,6 +128,7 @@ def plot(drawn: list[Line], out: Path, tag: str, left_out: int = 0) -> list[Path
             ax.axhline(REFERENCE_SCORES[game][0], color="gray", linestyle=":", linewidth=1, label="random play")
         ax.set_title(game)
         ax.set_xlabel("agent steps")
+        ax.xaxis.set_major_formatter(FuncFormatter(steps_label))  # 300k, 10M: tick labels that do not run together
         ax.set_ylabel(tag.split("/")[-1].replace("_", " "))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

@@ -13,7 +13,7 @@ import pytest
 from conftest import run_python
 from torch.utils.tensorboard import SummaryWriter
 
-from cleanrl_utils.plot import collect, lines
+from cleanrl_utils.plot import collect, lines, steps_label
 from cleanrl_utils.results import choose_runs, final_evaluations, run_records
 
 ENV_ID = "BreakoutNoFrameskip-v4"
@@ -128,3 +128,8 @@ def test_final_evaluations_take_the_final_one(runs):
     [record] = [r for r in run_records(runs["root"]) if r["folder"] == str(runs["new"])]
     [evaluated], none = final_evaluations([record])
     assert evaluated["mean"] == 20.0 and evaluated["step"] == 100_000 and none == []
+
+
+def test_step_axis_labels_stay_short():
+    labels = [steps_label(v) for v in (0, 500, 50_000, 150_000, 1_500_000, 10_000_000)]
+    assert labels == ["0", "500", "50k", "150k", "1.5M", "10M"]
