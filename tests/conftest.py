@@ -19,3 +19,45 @@ def run_python(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 def run_script(script: str, *args: str, timeout: float = 60, tmp_path: Path) -> subprocess.CompletedProcess:
     """Run ``algos/<script>.py ARGS --run-dir <tmp_path>/runs``."""
     return run_python(f"algos/{script}.py", *args, "--run-dir", str(tmp_path / "runs"), timeout=timeout)
+
+
+# ---------------------------------------------------------------- tiers: `pytest -m "not e2e"` is the unit tier
+
+RUNS_A_PROGRAM = {"run_python", "run_script", "Popen", "subprocess"}
+
+
+def _is_test_code(value: object) -> bool:
+    return callable(value) and str(getattr(value, "__module__", "")).startswith(("test_", "conftest", "toy_envs"))
+
+
+def _runs_a_program(function: object, seen: set[int], depth: int = 3) -> bool:
+    """Whether ``function`` (or a function of the tests it calls, a few calls deep) starts a process: a
+    script run end to end, the launcher, a benchmark."""
+    code = getattr(function, "__code__", None)
+    if code is None or id(code) in seen or depth < 0:
+        return False
+    seen.add(id(code))
+    names = set(code.co_names) | {n for const in code.co_consts if hasattr(const, "co_names") for n in const.co_names}
+    if names & RUNS_A_PROGRAM:
+        return True
+    module_globals = vars(sys.modules[function.__module__])
+    return any(
+        _runs_a_program(module_globals[name], seen, depth - 1)
+        for name in names
+        if _is_test_code(module_globals.get(name))
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``e2e`` every test that runs a program (directly, through a helper of the tests, or through a
+    fixture that does), so that ``pytest -m "not e2e"`` runs the unit tier alone."""
+    import pytest
+
+    for item in items:
+        functions = [item.function]
+        for name in item.fixturenames:
+            for definition in item._fixtureinfo.name2fixturedefs.get(name, ()):
+                functions.append(definition.func)
+        seen: set[int] = set()
+        if any(_runs_a_program(f, seen) for f in functions):
+            item.add_marker(pytest.mark.e2e)
