@@ -4,7 +4,6 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -20,9 +19,6 @@ from cleanrl_utils.checks import CpuThreads, check_memory, fail, pick_buffer_dev
 from cleanrl_utils.encoder import NatureCNN, check_encoder
 from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
 from cleanrl_utils.evaluation import evaluate
-from cleanrl_utils.fast import FastSettings, prepare
-from cleanrl_utils.noisy import NoisyLinear, reset_noise
-from cleanrl_utils.prioritized import PRIORITY_BYTES, PrioritizedReplayBuffer
 from cleanrl_utils.run import Run
 
 
@@ -61,8 +57,8 @@ class Args:
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """on a non-finite loss: stop the run (its checkpoints kept), or skip that update"""
     fast: bool = True
-    """the fast update (same loss and gradients to float tolerance; benchmarks/RESULTS.md): channels-last
-    convolutions and the fused Adam kernel on CPU, the fused Adam kernel on CUDA; --no-fast: the plain update"""
+    """the fast update, same loss and gradients to float tolerance (benchmarks/RESULTS.md): Adam's fused kernel on
+    CPU and CUDA, channels-last convolutions on CPU; --no-fast: the plain update"""
     buffer_device: Literal["host", "cuda"] = "host"
     """where the replay frames live: host memory, or the training GPU (about 7.1 GB per 1M transitions)"""
 
@@ -100,56 +96,27 @@ class Args:
     """whole games per evaluation"""
     eval_epsilon: float = 0.01
     """epsilon of the evaluation policy (0: greedy)"""
+    adam_eps: float = 0.01 / 32
+    """the epsilon of the Adam optimizer (CleanRL's 0.01 / batch size 32)"""
     n_atoms: int = 51
     """the number of atoms of the return distribution's support"""
     v_min: float = -10.0
     """the lowest return of the support"""
     v_max: float = 10.0
     """the highest return of the support"""
-    n_step: int = 1
-    """the number of steps of the multi-step return (stops at episode ends); 1: the one-step target"""
-    prioritized: bool = False
-    """whether to sample the replay memory in proportion to the loss (prioritized replay, Schaul et al. 2016)"""
-    prioritized_alpha: float = 0.5
-    """with --prioritized: the priority exponent, p = (loss + eps) ** alpha (0: uniform sampling)"""
-    prioritized_beta: float = 0.4
-    """with --prioritized: the importance-sampling exponent at the start, annealed linearly to 1 over the run"""
-    prioritized_eps: float = 1e-6
-    """with --prioritized: added to the loss before the exponent, so that no transition's priority is 0"""
-    dueling: bool = False
-    """whether the head is dueling: a value stream plus the advantages less their mean (Wang et al. 2016)"""
-    noisy: bool = False
-    """whether the head's layers are noisy (Fortunato et al. 2018), redrawn at each update; epsilon-greedy stays:
-    add --start-e 0 --end-e 0 to explore by the noise alone"""
-    noisy_sigma: float = 0.5
-    """with --noisy: sigma_0 of the factorised Gaussian noise"""
 
 
 class QNetwork(nn.Module):
-    def __init__(
-        self,
-        n_actions: int,
-        n_atoms: int = 51,
-        v_min: float = -10.0,
-        v_max: float = 10.0,
-        dueling: bool = False,
-        noisy: bool = False,
-        noisy_sigma: float = 0.5,
-    ):
+    def __init__(self, n_actions: int, n_atoms: int = 51, v_min: float = -10.0, v_max: float = 10.0):
         super().__init__()
         self.encoder = NatureCNN()
         self.n_actions, self.n_atoms = n_actions, n_atoms
         self.register_buffer("atoms", torch.linspace(v_min, v_max, n_atoms))  # the support z_1..z_N
-        linear = partial(NoisyLinear, sigma_0=noisy_sigma) if noisy else nn.Linear  # --noisy: noisy head layers
-        self.head = linear(512, n_actions * n_atoms)  # the logits; with --dueling, the advantages (per atom)
-        self.value = linear(512, n_atoms) if dueling else None  # --dueling: the state's value (per atom)
+        self.head = nn.Linear(512, n_actions * n_atoms)
 
     def log_distribution(self, x):
         """log-probabilities of the returns on the atoms, (batch, n_actions, n_atoms)"""
-        features = self.encoder(x)
-        logits = self.head(features).view(-1, self.n_actions, self.n_atoms)
-        if self.value is not None:  # --dueling, per atom as Rainbow
-            logits = dueling_logits(self.value(features).view(-1, 1, self.n_atoms), logits)
+        logits = self.head(self.encoder(x)).view(-1, self.n_actions, self.n_atoms)
         return F.log_softmax(logits, dim=2)
 
     def distribution(self, x):
@@ -161,66 +128,46 @@ class QNetwork(nn.Module):
         return (self.distribution(x) * self.atoms).sum(dim=2)
 
 
-def dueling_logits(value, advantage):
-    """Wang et al. (2016) per atom, as Rainbow: v(s) + a(s, a) - mean_a' a(s, a'); value (batch, 1, N),
-    advantage (batch, n_actions, N) -> logits (batch, n_actions, N), softmaxed over the atoms afterwards"""
-    return value + advantage - advantage.mean(dim=1, keepdim=True)
-
-
-def project_distribution(next_probs, rewards, dones, gamma, atoms):
-    """The categorical projection of Bellemare et al. (2017, Algorithm 1), vectorised over the batch:
-    each target atom r + gamma * z_j (just r after a terminal: no bootstrap), clipped to [v_min, v_max],
-    gives its probability p_j to the two nearest support points in proportion to closeness, z_i receiving
-    p_j * max(0, 1 - |Tz_j - z_i| / delta_z). next_probs (batch, N), rewards and dones (batch,), atoms (N,);
-    gamma a float, or with --n-step each transition's gamma^k (k <= n), (batch, 1)"""
+def project_distribution(next_probs, rewards, discounts, atoms):
+    """The categorical projection of Bellemare et al. (2017, Algorithm 1), vectorised over the batch: each target
+    atom r + discount * z_j (discount gamma, gamma^k for a k-step return, 0 after a terminal: no bootstrap),
+    clipped to [v_min, v_max], gives its probability p_j to the two nearest support points in proportion to
+    closeness, z_i receiving p_j * max(0, 1 - |Tz_j - z_i| / delta_z).
+    next_probs (batch, N), rewards and discounts (batch,), atoms (N,)"""
     delta_z = (atoms[-1] - atoms[0]) / (len(atoms) - 1)
-    tz = (rewards.unsqueeze(1) + gamma * (1 - dones.unsqueeze(1)) * atoms).clamp(atoms[0], atoms[-1])
+    tz = (rewards.unsqueeze(1) + discounts.unsqueeze(1) * atoms).clamp(atoms[0], atoms[-1])
     closeness = (1 - (tz.unsqueeze(1) - atoms.view(1, -1, 1)).abs() / delta_z).clamp(min=0)  # (batch, i, j)
     return (closeness * next_probs.unsqueeze(1)).sum(dim=2)
 
 
-def compute_target_distribution(target_network, data, gamma: float, n_step: int = 1):
-    """the projection of r + gamma * Z_target(s', a*), a* = argmax_a' E[Z_target(s', a')]; (batch, N); with
-    --n-step, r is the discounted n-step reward sum and gamma^k the batch's `discounts`"""
+def compute_target_distribution(target_network, data, gamma: float):
+    """the projection of r + gamma * Z_target(s', a*), a* = argmax_a' E[Z_target(s', a')], no bootstrap after a
+    terminal; (batch, N)"""
     with torch.no_grad():
         next_probs = target_network.distribution(data.next_observations)
         next_actions = (next_probs * target_network.atoms).sum(dim=2).argmax(dim=1)
         next_probs = next_probs[torch.arange(len(next_actions), device=next_actions.device), next_actions]
-        discount = gamma if n_step == 1 else data.discounts.unsqueeze(1)  # --n-step: gamma^k per transition
-        return project_distribution(next_probs, data.rewards, data.dones, discount, target_network.atoms)
+        return project_distribution(next_probs, data.rewards, gamma * (1 - data.dones), target_network.atoms)
 
 
-def cross_entropies(target_probs, log_probs):
-    """-sum_i target_i * log p_i per transition (with --prioritized, its priority); (batch, N) twice -> (batch,)"""
+def per_sample_cross_entropy(target_probs, log_probs):
+    """-sum_i target_i * log p_i for each transition (Rainbow's priority too); (batch, N) twice -> (batch,)"""
     return -(target_probs * log_probs).sum(dim=1)
 
 
-def cross_entropy(target_probs, log_probs, weights=None):
-    """the cross-entropies averaged over the batch, each scaled by its importance-sampling weight with
-    --prioritized (weights (batch,)); (batch, N), (batch, N) -> scalar"""
-    if weights is None:
-        return cross_entropies(target_probs, log_probs).mean()
-    return (weights * cross_entropies(target_probs, log_probs)).mean()
-
-
 def compute_loss(q_network, target_network, data, args):
-    """the loss on a sampled batch, the metrics the loop logs, and each transition's cross-entropy (its priority)"""
-    target_probs = compute_target_distribution(target_network, data, args.gamma, args.n_step)
+    """the loss on a sampled batch and the metrics the loop logs"""
+    target_probs = compute_target_distribution(target_network, data, args.gamma)
     rows = torch.arange(len(data.actions), device=data.actions.device)
     log_probs = q_network.log_distribution(data.observations)[rows, data.actions]  # the taken actions'
-    loss = cross_entropy(target_probs, log_probs, data.weights if args.prioritized else None)
+    loss = per_sample_cross_entropy(target_probs, log_probs).mean()
     old_val = (log_probs.detach().exp() * q_network.atoms).sum(dim=1)  # E[Z(s, a)]
-    return loss, {"td_loss": loss, "q_values": old_val.mean()}, cross_entropies(target_probs, log_probs)
+    return loss, {"td_loss": loss, "q_values": old_val.mean()}
 
 
 def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
     slope = (end_e - start_e) / duration
     return max(slope * t + start_e, end_e)
-
-
-def beta_schedule(beta_0: float, duration: int, t: int):
-    """the importance-sampling exponent, from beta_0 at step 0 linearly to 1 at step `duration`"""
-    return beta_0 + (1.0 - beta_0) * min(1.0, t / duration)
 
 
 if __name__ == "__main__":
@@ -230,6 +177,8 @@ if __name__ == "__main__":
     validate_common_args(args)
     cpu_threads = CpuThreads(args.torch_threads)  # fewer torch threads while other processes hold cores
     torch.set_num_threads(cpu_threads.choose())
+    if not (np.isfinite(args.adam_eps) and args.adam_eps > 0):
+        fail(f"--adam-eps {args.adam_eps} must be > 0 and finite (this script's default: {Args.adam_eps})")
     if args.n_atoms < 2:
         fail(f"--n-atoms {args.n_atoms} must be at least 2 (the support's two ends); use e.g. --n-atoms 51")
     if not (np.isfinite(args.v_min) and np.isfinite(args.v_max) and args.v_min < args.v_max):
@@ -237,30 +186,13 @@ if __name__ == "__main__":
             f"--v-min {args.v_min} must be below --v-max {args.v_max}, both finite (the support is "
             "[v-min, v-max]); lower --v-min or raise --v-max, e.g. --v-min -10 --v-max 10"
         )
-    if args.n_step < 1:
-        fail(f"--n-step {args.n_step} must be a positive integer (1: one-step returns; Rainbow uses 3)")
-    slots = -(-args.buffer_size // args.num_envs)
-    if slots < 4 + args.n_step + 1:
-        fail(
-            f"--buffer-size {args.buffer_size} gives {slots} replay slots per environment with --num-envs "
-            f"{args.num_envs}; --n-step {args.n_step} needs at least {4 + args.n_step + 1}: raise --buffer-size "
-            f"to at least {(4 + args.n_step + 1) * args.num_envs} or lower --n-step"
-        )
-    if not (np.isfinite(args.prioritized_alpha) and args.prioritized_alpha >= 0):
-        fail(f"--prioritized-alpha {args.prioritized_alpha} must be >= 0 (0: uniform sampling; Rainbow uses 0.5)")
-    if not 0.0 <= args.prioritized_beta <= 1.0:
-        fail(f"--prioritized-beta {args.prioritized_beta} must be in [0, 1] (annealed to 1; Rainbow starts at 0.4)")
-    if not (np.isfinite(args.prioritized_eps) and args.prioritized_eps > 0):
-        fail(f"--prioritized-eps {args.prioritized_eps} must be > 0 and finite; use e.g. --prioritized-eps 1e-6")
-    if not (np.isfinite(args.noisy_sigma) and args.noisy_sigma >= 0):
-        fail(f"--noisy-sigma {args.noisy_sigma} must be >= 0 and finite (0: no noise; Rainbow uses 0.5)")
     try:
         check_env_id(args.env_id)
     except EnvIdError as error:
         fail(str(error))
     device = pick_device(args.device)
     buffer_device = pick_buffer_device(args.buffer_device, device)  # --buffer-device cuda: frames on the GPU
-    check_memory(args.buffer_size, bytes_per_transition() + (PRIORITY_BYTES if args.prioritized else 0), buffer_device)
+    check_memory(args.buffer_size, bytes_per_transition(), buffer_device)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -272,20 +204,16 @@ if __name__ == "__main__":
     except EnvIdError as error:
         fail(str(error))
     network_kwargs = dict(n_atoms=args.n_atoms, v_min=args.v_min, v_max=args.v_max)
-    network_kwargs.update(dueling=args.dueling, noisy=args.noisy, noisy_sigma=args.noisy_sigma)
     q_network = QNetwork(envs.n_actions, **network_kwargs).to(device)
     check_encoder(q_network.encoder)
-    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=0.01 / args.batch_size)
     target_network = QNetwork(envs.n_actions, **network_kwargs).to(device)
     target_network.load_state_dict(q_network.state_dict())
-    buffer_kwargs = dict(
-        device=device, n_step=args.n_step, gamma=args.gamma, seed=args.seed, storage_device=buffer_device
-    )
-    if args.prioritized:  # --prioritized: sampled in proportion to (loss + eps) ** alpha
-        alpha, eps = args.prioritized_alpha, args.prioritized_eps
-        rb = PrioritizedReplayBuffer(args.buffer_size, args.num_envs, **buffer_kwargs, alpha=alpha, eps=eps)
-    else:
-        rb = ReplayBuffer(args.buffer_size, args.num_envs, **buffer_kwargs)
+    if args.fast and device.type == "cpu":  # --fast: channels-last convolutions, which oneDNN runs faster on CPU
+        q_network.to(memory_format=torch.channels_last)
+        target_network.to(memory_format=torch.channels_last)
+    fused = args.fast and device.type in ("cpu", "cuda")  # --fast: Adam's fused kernel (None: torch's default)
+    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=fused or None)
+    rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed, storage_device=buffer_device)
     rng = np.random.default_rng(args.seed)
     run = Run(args, __file__, device, resumed)  # the run folder appears once everything is allocated
     checkpointer = Checkpointer(
@@ -298,10 +226,6 @@ if __name__ == "__main__":
         envs=envs,
         rng=rng,
     )
-    # the loss, its backward pass and the optimizer step, run as --fast says (cleanrl_utils/fast.py)
-    settings = FastSettings.for_device(device) if args.fast else FastSettings()
-    loss_fn = partial(compute_loss, q_network, target_network, args=args)
-    update = prepare([q_network, target_network], optimizer, loss_fn, settings, args.on_nonfinite == "skip")
     run.timings["setup"] += time.perf_counter() - setup_start
 
     obs, global_step, update_credit, start_time = checkpointer.start()  # a fresh start, or where the checkpoint left
@@ -312,8 +236,6 @@ if __name__ == "__main__":
             args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
         )
         with run.timed("acting"):
-            if args.noisy and global_step <= checkpointer.learning_starts:  # --noisy: a new draw per step until
-                reset_noise(q_network)  # learning starts, then one per update
             actions = rng.integers(0, envs.n_actions, args.num_envs)
             greedy = rng.random(args.num_envs) >= epsilon
             if greedy.any():
@@ -330,20 +252,14 @@ if __name__ == "__main__":
             while update_credit >= args.train_frequency:  # one update per train_frequency agent steps
                 update_credit -= args.train_frequency
                 with run.timed("learning"):
-                    if args.noisy:  # a new noise draw per update, independent for the two networks;
-                        reset_noise(q_network)  # acting uses the online one's until the next update
-                        reset_noise(target_network)
-                    if args.prioritized:  # plus importance-sampling weights (beta annealed to 1) and indices
-                        beta = beta_schedule(args.prioritized_beta, args.total_timesteps, global_step)
-                        data = rb.sample(args.batch_size, beta)
-                    else:
-                        data = rb.sample(args.batch_size)
-                    _, metrics, priorities = update(data)  # compute_loss, its backward pass, the optimizer step
-                    if update.last_skipped:  # --on-nonfinite skip: a non-finite loss, no optimizer step
+                    data = rb.sample(args.batch_size)
+                    loss, metrics = compute_loss(q_network, target_network, data, args)
+                    if args.on_nonfinite == "skip" and not torch.isfinite(loss):  # reads the loss: a host sync
                         run.counts["skipped_updates"] += 1
                         continue
-                    if args.prioritized:  # new priorities: each transition's cross-entropy, as Rainbow
-                        rb.update_priorities(data.indices, priorities)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
                 run.counts["gradient_updates"] += 1
 
             if global_step // 1000 > previous_step // 1000 and metrics is not None:

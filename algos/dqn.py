@@ -3,7 +3,6 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -19,9 +18,6 @@ from cleanrl_utils.checks import CpuThreads, check_memory, fail, pick_buffer_dev
 from cleanrl_utils.encoder import NatureCNN, check_encoder
 from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
 from cleanrl_utils.evaluation import evaluate
-from cleanrl_utils.fast import FastSettings, prepare
-from cleanrl_utils.noisy import NoisyLinear, reset_noise
-from cleanrl_utils.prioritized import PRIORITY_BYTES, PrioritizedReplayBuffer
 from cleanrl_utils.run import Run
 
 
@@ -60,8 +56,8 @@ class Args:
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """on a non-finite loss: stop the run (its checkpoints kept), or skip that update"""
     fast: bool = True
-    """the fast update (same loss and gradients to float tolerance; benchmarks/RESULTS.md): channels-last
-    convolutions and the fused Adam kernel on CPU, the fused Adam kernel on CUDA; --no-fast: the plain update"""
+    """the fast update, same loss and gradients to float tolerance (benchmarks/RESULTS.md): Adam's fused kernel on
+    CPU and CUDA, channels-last convolutions on CPU; --no-fast: the plain update"""
     buffer_device: Literal["host", "cuda"] = "host"
     """where the replay frames live: host memory, or the training GPU (about 7.1 GB per 1M transitions)"""
 
@@ -99,80 +95,39 @@ class Args:
     """whole games per evaluation"""
     eval_epsilon: float = 0.01
     """epsilon of the evaluation policy (0: greedy)"""
-    n_step: int = 1
-    """the number of steps of the multi-step return (stops at episode ends); 1: the one-step target"""
-    prioritized: bool = False
-    """whether to sample the replay memory in proportion to |TD error| (prioritized replay, Schaul et al. 2016)"""
-    prioritized_alpha: float = 0.5
-    """with --prioritized: the priority exponent, p = (|TD error| + eps) ** alpha (0: uniform sampling)"""
-    prioritized_beta: float = 0.4
-    """with --prioritized: the importance-sampling exponent at the start, annealed linearly to 1 over the run"""
-    prioritized_eps: float = 1e-6
-    """with --prioritized: added to |TD error| before the exponent, so that no transition's priority is 0"""
-    dueling: bool = False
-    """whether the head is dueling: a value stream plus the advantages less their mean (Wang et al. 2016)"""
-    noisy: bool = False
-    """whether the head's layers are noisy (Fortunato et al. 2018), redrawn at each update; epsilon-greedy stays:
-    add --start-e 0 --end-e 0 to explore by the noise alone"""
-    noisy_sigma: float = 0.5
-    """with --noisy: sigma_0 of the factorised Gaussian noise"""
+    adam_eps: float = 1e-8
+    """the epsilon of the Adam optimizer (Adam's default, as CleanRL)"""
 
 
 class QNetwork(nn.Module):
-    def __init__(self, n_actions: int, dueling: bool = False, noisy: bool = False, noisy_sigma: float = 0.5):
+    def __init__(self, n_actions: int):
         super().__init__()
         self.encoder = NatureCNN()
-        linear = partial(NoisyLinear, sigma_0=noisy_sigma) if noisy else nn.Linear  # --noisy: noisy head layers
-        self.head = linear(512, n_actions)  # the Q-values; with --dueling, the advantages
-        self.value = linear(512, 1) if dueling else None  # --dueling: the state's value
+        self.head = nn.Linear(512, n_actions)
 
     def forward(self, x):
-        features = self.encoder(x)
-        if self.value is None:
-            return self.head(features)
-        return dueling_q_values(self.value(features), self.head(features))
+        return self.head(self.encoder(x))
 
 
-def dueling_q_values(value, advantage):
-    """Wang et al. (2016): Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a'); (batch, 1), (batch, n_actions)"""
-    return value + advantage - advantage.mean(dim=1, keepdim=True)
-
-
-def compute_td_target(q_network, target_network, data, gamma: float, n_step: int = 1):
-    """r + gamma * max_a' Q_target(s', a'), no bootstrap after a terminal; with
-    --n-step, r is the discounted n-step reward sum and gamma^k the batch's `discounts`"""
-    next_observations = data.next_observations
+def compute_td_target(q_network, target_network, data, gamma: float):
+    """r + gamma * max_a' Q_target(s', a'), no bootstrap after a terminal"""
     with torch.no_grad():
-        target_max, _ = target_network(next_observations).max(dim=1)
-    if n_step > 1:  # --n-step: the n-step reward sum, then gamma^k (k <= n; 0 after a terminal) from the batch
-        return data.rewards + data.discounts * target_max
-    return data.rewards + gamma * target_max * (1 - data.dones)
-
-
-def weighted_mse_loss(td_target, old_val, weights):
-    """--prioritized: each squared TD error scaled by its importance-sampling weight, averaged over the batch"""
-    return (weights * (td_target - old_val) ** 2).mean()
+        target_max, _ = target_network(data.next_observations).max(dim=1)
+        td_target = data.rewards + gamma * target_max * (1 - data.dones)
+    return td_target
 
 
 def compute_loss(q_network, target_network, data, args):
-    """the loss on a sampled batch, the metrics the loop logs, and the TD errors (the priorities' source)"""
-    td_target = compute_td_target(q_network, target_network, data, args.gamma, args.n_step)
+    """the loss on a sampled batch and the metrics the loop logs"""
+    td_target = compute_td_target(q_network, target_network, data, args.gamma)
     old_val = q_network(data.observations).gather(1, data.actions.unsqueeze(1)).squeeze(1)
-    if args.prioritized:  # the weights correct the bias of prioritized sampling
-        loss = weighted_mse_loss(td_target, old_val, data.weights)
-    else:
-        loss = F.mse_loss(td_target, old_val)
-    return loss, {"td_loss": loss, "q_values": old_val.mean()}, td_target - old_val
+    loss = F.mse_loss(td_target, old_val)
+    return loss, {"td_loss": loss, "q_values": old_val.mean()}
 
 
 def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
     slope = (end_e - start_e) / duration
     return max(slope * t + start_e, end_e)
-
-
-def beta_schedule(beta_0: float, duration: int, t: int):
-    """the importance-sampling exponent, from beta_0 at step 0 linearly to 1 at step `duration`"""
-    return beta_0 + (1.0 - beta_0) * min(1.0, t / duration)
 
 
 if __name__ == "__main__":
@@ -182,30 +137,15 @@ if __name__ == "__main__":
     validate_common_args(args)
     cpu_threads = CpuThreads(args.torch_threads)  # fewer torch threads while other processes hold cores
     torch.set_num_threads(cpu_threads.choose())
-    if args.n_step < 1:
-        fail(f"--n-step {args.n_step} must be a positive integer (1: one-step returns; Rainbow uses 3)")
-    slots = -(-args.buffer_size // args.num_envs)
-    if slots < 4 + args.n_step + 1:
-        fail(
-            f"--buffer-size {args.buffer_size} gives {slots} replay slots per environment with --num-envs "
-            f"{args.num_envs}; --n-step {args.n_step} needs at least {4 + args.n_step + 1}: raise --buffer-size "
-            f"to at least {(4 + args.n_step + 1) * args.num_envs} or lower --n-step"
-        )
-    if not (np.isfinite(args.prioritized_alpha) and args.prioritized_alpha >= 0):
-        fail(f"--prioritized-alpha {args.prioritized_alpha} must be >= 0 (0: uniform sampling; Rainbow uses 0.5)")
-    if not 0.0 <= args.prioritized_beta <= 1.0:
-        fail(f"--prioritized-beta {args.prioritized_beta} must be in [0, 1] (annealed to 1; Rainbow starts at 0.4)")
-    if not (np.isfinite(args.prioritized_eps) and args.prioritized_eps > 0):
-        fail(f"--prioritized-eps {args.prioritized_eps} must be > 0 and finite; use e.g. --prioritized-eps 1e-6")
-    if not (np.isfinite(args.noisy_sigma) and args.noisy_sigma >= 0):
-        fail(f"--noisy-sigma {args.noisy_sigma} must be >= 0 and finite (0: no noise; Rainbow uses 0.5)")
+    if not (np.isfinite(args.adam_eps) and args.adam_eps > 0):
+        fail(f"--adam-eps {args.adam_eps} must be > 0 and finite (this script's default: {Args.adam_eps})")
     try:
         check_env_id(args.env_id)
     except EnvIdError as error:
         fail(str(error))
     device = pick_device(args.device)
     buffer_device = pick_buffer_device(args.buffer_device, device)  # --buffer-device cuda: frames on the GPU
-    check_memory(args.buffer_size, bytes_per_transition() + (PRIORITY_BYTES if args.prioritized else 0), buffer_device)
+    check_memory(args.buffer_size, bytes_per_transition(), buffer_device)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -216,20 +156,16 @@ if __name__ == "__main__":
         envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed)
     except EnvIdError as error:
         fail(str(error))
-    network_kwargs = dict(dueling=args.dueling, noisy=args.noisy, noisy_sigma=args.noisy_sigma)
-    q_network = QNetwork(envs.n_actions, **network_kwargs).to(device)
+    q_network = QNetwork(envs.n_actions).to(device)
     check_encoder(q_network.encoder)
-    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate)
-    target_network = QNetwork(envs.n_actions, **network_kwargs).to(device)
+    target_network = QNetwork(envs.n_actions).to(device)
     target_network.load_state_dict(q_network.state_dict())
-    buffer_kwargs = dict(
-        device=device, n_step=args.n_step, gamma=args.gamma, seed=args.seed, storage_device=buffer_device
-    )
-    if args.prioritized:  # --prioritized: sampled in proportion to (|TD error| + eps) ** alpha
-        alpha, eps = args.prioritized_alpha, args.prioritized_eps
-        rb = PrioritizedReplayBuffer(args.buffer_size, args.num_envs, **buffer_kwargs, alpha=alpha, eps=eps)
-    else:
-        rb = ReplayBuffer(args.buffer_size, args.num_envs, **buffer_kwargs)
+    if args.fast and device.type == "cpu":  # --fast: channels-last convolutions, which oneDNN runs faster on CPU
+        q_network.to(memory_format=torch.channels_last)
+        target_network.to(memory_format=torch.channels_last)
+    fused = args.fast and device.type in ("cpu", "cuda")  # --fast: Adam's fused kernel (None: torch's default)
+    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=fused or None)
+    rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed, storage_device=buffer_device)
     rng = np.random.default_rng(args.seed)
     run = Run(args, __file__, device, resumed)  # the run folder appears once everything is allocated
     checkpointer = Checkpointer(
@@ -242,10 +178,6 @@ if __name__ == "__main__":
         envs=envs,
         rng=rng,
     )
-    # the loss, its backward pass and the optimizer step, run as --fast says (cleanrl_utils/fast.py)
-    settings = FastSettings.for_device(device) if args.fast else FastSettings()
-    loss_fn = partial(compute_loss, q_network, target_network, args=args)
-    update = prepare([q_network, target_network], optimizer, loss_fn, settings, args.on_nonfinite == "skip")
     run.timings["setup"] += time.perf_counter() - setup_start
 
     obs, global_step, update_credit, start_time = checkpointer.start()  # a fresh start, or where the checkpoint left
@@ -256,8 +188,6 @@ if __name__ == "__main__":
             args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
         )
         with run.timed("acting"):
-            if args.noisy and global_step <= checkpointer.learning_starts:  # --noisy: a new draw per step until
-                reset_noise(q_network)  # learning starts, then one per update
             actions = rng.integers(0, envs.n_actions, args.num_envs)
             greedy = rng.random(args.num_envs) >= epsilon
             if greedy.any():
@@ -274,20 +204,14 @@ if __name__ == "__main__":
             while update_credit >= args.train_frequency:  # one update per train_frequency agent steps
                 update_credit -= args.train_frequency
                 with run.timed("learning"):
-                    if args.noisy:  # a new noise draw per update, independent for the two networks;
-                        reset_noise(q_network)  # acting uses the online one's until the next update
-                        reset_noise(target_network)
-                    if args.prioritized:  # plus importance-sampling weights (beta annealed to 1) and indices
-                        beta = beta_schedule(args.prioritized_beta, args.total_timesteps, global_step)
-                        data = rb.sample(args.batch_size, beta)
-                    else:
-                        data = rb.sample(args.batch_size)
-                    _, metrics, td_errors = update(data)  # compute_loss, its backward pass, the optimizer step
-                    if update.last_skipped:  # --on-nonfinite skip: a non-finite loss, no optimizer step
+                    data = rb.sample(args.batch_size)
+                    loss, metrics = compute_loss(q_network, target_network, data, args)
+                    if args.on_nonfinite == "skip" and not torch.isfinite(loss):  # reads the loss: a host sync
                         run.counts["skipped_updates"] += 1
                         continue
-                    if args.prioritized:  # new priorities from each transition's |TD error|
-                        rb.update_priorities(data.indices, td_errors)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
                 run.counts["gradient_updates"] += 1
 
             if global_step // 1000 > previous_step // 1000 and metrics is not None:
@@ -350,6 +274,6 @@ if __name__ == "__main__":
         )
     run.evaluation(global_step, result, final=True)
     if args.save_model:
-        run.save_model(q_network, envs.n_actions, **network_kwargs)
+        run.save_model(q_network, envs.n_actions)
     envs.close()
     run.close()

@@ -10,7 +10,6 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -26,7 +25,6 @@ from cleanrl_utils.checks import CpuThreads, check_memory, fail, pick_buffer_dev
 from cleanrl_utils.encoder import NatureCNN, check_encoder
 from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
 from cleanrl_utils.evaluation import evaluate
-from cleanrl_utils.fast import FastSettings, prepare
 from cleanrl_utils.run import Run
 
 
@@ -65,8 +63,8 @@ class Args:
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """on a non-finite loss: stop the run (its checkpoints kept), or skip that update"""
     fast: bool = True
-    """the fast update (same loss and gradients to float tolerance; benchmarks/RESULTS.md): channels-last
-    convolutions and the fused Adam kernel on CPU, the fused Adam kernel on CUDA; --no-fast: the plain update"""
+    """the fast update, same loss and gradients to float tolerance (benchmarks/RESULTS.md): Adam's fused kernel on
+    CPU and CUDA, channels-last convolutions on CPU; --no-fast: the plain update"""
     buffer_device: Literal["host", "cuda"] = "host"
     """where the replay frames live: host memory, or the training GPU (about 7.1 GB per 1M transitions)"""
 
@@ -104,6 +102,8 @@ class Args:
     """whole games per evaluation"""
     eval_epsilon: float = 0.01
     """epsilon of the evaluation policy (0: greedy)"""
+    adam_eps: float = 0.01 / 32
+    """the epsilon of the Adam optimizer (QR-DQN's 0.01 / batch size 32)"""
     n_tau_samples: int = 64
     """N: the sampled quantile fractions tau of the online network, per transition, for the loss"""
     n_tau_prime_samples: int = 64
@@ -186,6 +186,8 @@ if __name__ == "__main__":
     validate_common_args(args)
     cpu_threads = CpuThreads(args.torch_threads)  # fewer torch threads while other processes hold cores
     torch.set_num_threads(cpu_threads.choose())
+    if not (np.isfinite(args.adam_eps) and args.adam_eps > 0):
+        fail(f"--adam-eps {args.adam_eps} must be > 0 and finite (this script's default: {Args.adam_eps})")
     for name, paper in (("n_tau_samples", 64), ("n_tau_prime_samples", 64), ("n_quantile_samples", 32), ("n_cos", 64)):
         flag = "--" + name.replace("_", "-")
         if getattr(args, name) < 1:
@@ -212,9 +214,13 @@ if __name__ == "__main__":
     network_kwargs = dict(n_cos=args.n_cos, n_quantile_samples=args.n_quantile_samples)
     q_network = QNetwork(envs.n_actions, **network_kwargs).to(device)
     check_encoder(q_network.encoder)
-    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=0.01 / args.batch_size)
     target_network = QNetwork(envs.n_actions, **network_kwargs).to(device)
     target_network.load_state_dict(q_network.state_dict())
+    if args.fast and device.type == "cpu":  # --fast: channels-last convolutions, which oneDNN runs faster on CPU
+        q_network.to(memory_format=torch.channels_last)
+        target_network.to(memory_format=torch.channels_last)
+    fused = args.fast and device.type in ("cpu", "cuda")  # --fast: Adam's fused kernel (None: torch's default)
+    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=fused or None)
     rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed, storage_device=buffer_device)
     rng = np.random.default_rng(args.seed)
     run = Run(args, __file__, device, resumed)  # the run folder appears once everything is allocated
@@ -228,10 +234,6 @@ if __name__ == "__main__":
         envs=envs,
         rng=rng,
     )
-    # the loss, its backward pass and the optimizer step, run as --fast says (cleanrl_utils/fast.py)
-    settings = FastSettings.for_device(device) if args.fast else FastSettings()
-    loss_fn = partial(compute_loss, q_network, target_network, args=args)
-    update = prepare([q_network, target_network], optimizer, loss_fn, settings, args.on_nonfinite == "skip")
     run.timings["setup"] += time.perf_counter() - setup_start
 
     obs, global_step, update_credit, start_time = checkpointer.start()  # a fresh start, or where the checkpoint left
@@ -259,10 +261,13 @@ if __name__ == "__main__":
                 update_credit -= args.train_frequency
                 with run.timed("learning"):
                     data = rb.sample(args.batch_size)
-                    _, metrics = update(data)  # compute_loss, its backward pass, the optimizer step
-                    if update.last_skipped:  # --on-nonfinite skip: a non-finite loss, no optimizer step
+                    loss, metrics = compute_loss(q_network, target_network, data, args)
+                    if args.on_nonfinite == "skip" and not torch.isfinite(loss):  # reads the loss: a host sync
                         run.counts["skipped_updates"] += 1
                         continue
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
                 run.counts["gradient_updates"] += 1
 
             if global_step // 1000 > previous_step // 1000 and metrics is not None:

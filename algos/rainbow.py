@@ -1,7 +1,9 @@
 # Rainbow (Hessel et al. 2018): C51's distributional loss + Double DQN's action selection + a dueling head
 # + noisy layers for exploration (no epsilon-greedy) + 3-step returns + prioritized replay, with the paper's
-# Atari settings; docs in README.md. The network is the fixed Nature encoder (its 512-unit layer stands for the
-# paper's noisy hidden layers of 512, which our fixed encoder cannot have) and a dueling head of noisy layers.
+# Atari settings; each part but the first two has a flag to turn it off, the paper's ablations: --n-step 1,
+# --no-dueling, --no-noisy, --no-prioritized; docs in README.md. The network is the fixed Nature encoder (its
+# 512-unit layer stands for the paper's noisy hidden layers of 512, which our fixed encoder cannot have) and a
+# dueling head of noisy layers.
 import os
 import random
 import time
@@ -16,13 +18,12 @@ import torch.nn.functional as F
 import torch.optim as optim
 import tyro
 
-from cleanrl_utils.buffer import bytes_per_transition
+from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
 from cleanrl_utils.checkpoint import Checkpointer, continue_run
 from cleanrl_utils.checks import CpuThreads, check_memory, fail, pick_buffer_device, pick_device, validate_common_args
 from cleanrl_utils.encoder import NatureCNN, check_encoder
 from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
 from cleanrl_utils.evaluation import evaluate
-from cleanrl_utils.fast import FastSettings, prepare
 from cleanrl_utils.noisy import NoisyLinear, mean_sigma, reset_noise
 from cleanrl_utils.prioritized import PRIORITY_BYTES, PrioritizedReplayBuffer
 from cleanrl_utils.run import Run
@@ -63,8 +64,8 @@ class Args:
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """on a non-finite loss: stop the run (its checkpoints kept), or skip that update"""
     fast: bool = True
-    """the fast update (same loss and gradients to float tolerance; benchmarks/RESULTS.md): channels-last
-    convolutions and the fused Adam kernel on CPU, the fused Adam kernel on CUDA; --no-fast: the plain update"""
+    """the fast update, same loss and gradients to float tolerance (benchmarks/RESULTS.md): Adam's fused kernel on
+    CPU and CUDA, channels-last convolutions on CPU; --no-fast: the plain update"""
     buffer_device: Literal["host", "cuda"] = "host"
     """where the replay frames live: host memory, or the training GPU (about 7.1 GB per 1M transitions)"""
 
@@ -86,10 +87,10 @@ class Args:
     """the agent steps it takes to update the target network (32k frames)"""
     batch_size: int = 32
     """the batch size of sample from the replay memory"""
-    start_e: float = 0.0
-    """the starting epsilon for exploration (0: the noisy layers explore)"""
-    end_e: float = 0.0
-    """the ending epsilon for exploration (0: the noisy layers explore)"""
+    start_e: float | None = None
+    """the starting epsilon for exploration (default: 0, the noisy layers explore; 1 with --no-noisy)"""
+    end_e: float | None = None
+    """the ending epsilon for exploration (default: 0, the noisy layers explore; 0.01 with --no-noisy)"""
     exploration_fraction: float = 0.10
     """the fraction of `total-timesteps` it takes from start-e to go end-e"""
     learning_starts: int = 20_000
@@ -102,6 +103,8 @@ class Args:
     """whole games per evaluation"""
     eval_epsilon: float = 0.01
     """epsilon of the evaluation policy (0: greedy)"""
+    adam_eps: float = 1.5e-4
+    """the epsilon of the Adam optimizer (the paper's 1.5e-4)"""
     n_atoms: int = 51
     """the number of atoms of the return distribution's support"""
     v_min: float = -10.0
@@ -109,36 +112,51 @@ class Args:
     v_max: float = 10.0
     """the highest return of the support"""
     n_step: int = 3
-    """the number of steps of the multi-step return (stops at episode ends)"""
-    noisy_sigma: float = 0.5
-    """sigma_0 of the noisy layers' factorised Gaussian noise"""
+    """the number of steps of the multi-step return (stops at episode ends); --n-step 1: the one-step target"""
+    prioritized: bool = True
+    """whether to sample the replay memory in proportion to the loss (Schaul et al. 2016); --no-prioritized:
+    uniformly, with no importance-sampling weights"""
     prioritized_alpha: float = 0.5
     """the priority exponent: p = (loss + eps) ** alpha (0: uniform sampling)"""
     prioritized_beta: float = 0.4
     """the importance-sampling exponent at the start, annealed linearly to 1 over `total-timesteps`"""
     prioritized_eps: float = 1e-6
     """added to the loss before the exponent, so that no transition's priority is 0"""
-    adam_eps: float = 1.5e-4
-    """the epsilon of the Adam optimizer"""
+    dueling: bool = True
+    """whether the head is dueling, per atom (Wang et al. 2016); --no-dueling: one layer gives the logits"""
+    noisy: bool = True
+    """whether the head's layers are noisy (Fortunato et al. 2018) and explore, with epsilon 0; --no-noisy: plain
+    layers and epsilon-greedy, epsilon from 1 to 0.01 as DQN unless --start-e and --end-e say otherwise"""
+    noisy_sigma: float = 0.5
+    """sigma_0 of the noisy layers' factorised Gaussian noise"""
 
 
 class QNetwork(nn.Module):
     def __init__(
-        self, n_actions: int, n_atoms: int = 51, v_min: float = -10.0, v_max: float = 10.0, noisy_sigma: float = 0.5
+        self,
+        n_actions: int,
+        n_atoms: int = 51,
+        v_min: float = -10.0,
+        v_max: float = 10.0,
+        noisy_sigma: float = 0.5,
+        dueling: bool = True,
+        noisy: bool = True,
     ):
         super().__init__()
         self.encoder = NatureCNN()
         self.n_actions, self.n_atoms = n_actions, n_atoms
         self.register_buffer("atoms", torch.linspace(v_min, v_max, n_atoms))  # the support z_1..z_N
-        self.value = NoisyLinear(512, n_atoms, noisy_sigma)  # dueling: a value stream
-        self.advantage = NoisyLinear(512, n_actions * n_atoms, noisy_sigma)  # and an advantage stream
+        linear = partial(NoisyLinear, sigma_0=noisy_sigma) if noisy else nn.Linear  # --no-noisy: plain layers
+        self.value = linear(512, n_atoms) if dueling else None  # dueling: a value stream
+        self.advantage = linear(512, n_actions * n_atoms)  # and an advantage stream (--no-dueling: the logits)
 
     def log_distribution(self, x):
         """log-probabilities of the returns on the atoms, (batch, n_actions, n_atoms)"""
         features = self.encoder(x)
-        value = self.value(features).view(-1, 1, self.n_atoms)
-        advantage = self.advantage(features).view(-1, self.n_actions, self.n_atoms)
-        return F.log_softmax(dueling_logits(value, advantage), dim=2)
+        logits = self.advantage(features).view(-1, self.n_actions, self.n_atoms)
+        if self.value is not None:
+            logits = dueling_logits(self.value(features).view(-1, 1, self.n_atoms), logits)
+        return F.log_softmax(logits, dim=2)
 
     def distribution(self, x):
         """probabilities of the returns on the atoms, (batch, n_actions, n_atoms)"""
@@ -156,10 +174,10 @@ def dueling_logits(value, advantage):
 
 
 def project_distribution(next_probs, rewards, discounts, atoms):
-    """The categorical projection of Bellemare et al. (2017, Algorithm 1) for an n-step return, vectorised over
-    the batch: each target atom R + discount * z_j (R the n-step discounted reward sum, discount gamma^n, or 0
-    after a terminal: no bootstrap), clipped to [v_min, v_max], gives its probability p_j to the two nearest
-    support points in proportion to closeness, z_i receiving p_j * max(0, 1 - |Tz_j - z_i| / delta_z).
+    """The categorical projection of Bellemare et al. (2017, Algorithm 1), vectorised over the batch: each target
+    atom r + discount * z_j (discount gamma, gamma^k for a k-step return, 0 after a terminal: no bootstrap),
+    clipped to [v_min, v_max], gives its probability p_j to the two nearest support points in proportion to
+    closeness, z_i receiving p_j * max(0, 1 - |Tz_j - z_i| / delta_z).
     next_probs (batch, N), rewards and discounts (batch,), atoms (N,)"""
     delta_z = (atoms[-1] - atoms[0]) / (len(atoms) - 1)
     tz = (rewards.unsqueeze(1) + discounts.unsqueeze(1) * atoms).clamp(atoms[0], atoms[-1])
@@ -169,7 +187,9 @@ def project_distribution(next_probs, rewards, discounts, atoms):
 
 def compute_target_distribution(q_network, target_network, data):
     """Double: the projection of R + gamma^n * Z_target(s', a*) with a* = argmax_a' E[Z_online(s', a')], the
-    online network choosing and the target network evaluating; s' the state n steps later; (batch, N)"""
+    online network choosing and the target network evaluating; R the n-step discounted reward sum, s' the state
+    n steps later, gamma^n the batch's `discounts` (gamma^k if the episode ended after k < n steps, 0 after a
+    terminal); (batch, N)"""
     with torch.no_grad():
         next_actions = q_network(data.next_observations).argmax(dim=1)
         next_probs = target_network.distribution(data.next_observations)
@@ -177,21 +197,22 @@ def compute_target_distribution(q_network, target_network, data):
         return project_distribution(next_probs, data.rewards, data.discounts, target_network.atoms)
 
 
-def cross_entropy(target_probs, log_probs):
-    """-sum_i target_i * log p_i per transition, the loss and the priority; (batch, N), (batch, N) -> (batch,)"""
+def per_sample_cross_entropy(target_probs, log_probs):
+    """-sum_i target_i * log p_i for each transition (Rainbow's priority too); (batch, N) twice -> (batch,)"""
     return -(target_probs * log_probs).sum(dim=1)
 
 
 def compute_loss(q_network, target_network, data, args):
-    """the loss on a sampled batch, the metrics the loop logs, and each transition's loss (its new priority:
-    the paper's KL plus the target's entropy); td_loss is the unweighted cross-entropy, as c51's"""
+    """the loss on a sampled batch, the metrics the loop logs, and each transition's loss (its new priority: the
+    paper's KL plus the target's entropy); td_loss is the unweighted cross-entropy, as c51's"""
     target_probs = compute_target_distribution(q_network, target_network, data)
     rows = torch.arange(len(data.actions), device=data.actions.device)
     log_probs = q_network.log_distribution(data.observations)[rows, data.actions]  # the taken actions'
-    losses = cross_entropy(target_probs, log_probs)
-    loss = (data.weights * losses).mean()  # importance-sampling weights correct the priorities
+    losses = per_sample_cross_entropy(target_probs, log_probs)
+    # importance-sampling weights correct the bias of prioritized sampling (--no-prioritized: none)
+    loss = (data.weights * losses).mean() if args.prioritized else losses.mean()
     old_val = (log_probs.detach().exp() * q_network.atoms).sum(dim=1)  # E[Z(s, a)]
-    return loss, {"td_loss": losses.mean(), "q_values": old_val.mean()}, losses
+    return loss, {"td_loss": losses.detach().mean(), "q_values": old_val.mean()}, losses.detach()
 
 
 def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
@@ -208,9 +229,15 @@ if __name__ == "__main__":
     setup_start = time.perf_counter()
     args = tyro.cli(Args)
     args, resumed = continue_run(args, __file__)  # --resume: the run's own settings; a bad checkpoint stops here
+    if args.start_e is None:  # epsilon-greedy explores only with --no-noisy, then from 1 to 0.01 as DQN
+        args.start_e = 0.0 if args.noisy else 1.0
+    if args.end_e is None:
+        args.end_e = 0.0 if args.noisy else 0.01
     validate_common_args(args)
     cpu_threads = CpuThreads(args.torch_threads)  # fewer torch threads while other processes hold cores
     torch.set_num_threads(cpu_threads.choose())
+    if not (np.isfinite(args.adam_eps) and args.adam_eps > 0):
+        fail(f"--adam-eps {args.adam_eps} must be > 0 and finite (this script's default: {Args.adam_eps})")
     if args.n_atoms < 2:
         fail(f"--n-atoms {args.n_atoms} must be at least 2 (the support's two ends); use e.g. --n-atoms 51")
     if not (np.isfinite(args.v_min) and np.isfinite(args.v_max) and args.v_min < args.v_max):
@@ -228,8 +255,6 @@ if __name__ == "__main__":
         fail(f"--prioritized-beta {args.prioritized_beta} must be in [0, 1] (annealed to 1; Rainbow starts at 0.4)")
     if not (np.isfinite(args.prioritized_eps) and args.prioritized_eps > 0):
         fail(f"--prioritized-eps {args.prioritized_eps} must be > 0 and finite; use e.g. --prioritized-eps 1e-6")
-    if not (np.isfinite(args.adam_eps) and args.adam_eps > 0):
-        fail(f"--adam-eps {args.adam_eps} must be > 0 (Rainbow uses 1.5e-4)")
     slots = -(-args.buffer_size // args.num_envs)
     if slots < 4 + args.n_step + 1:
         fail(
@@ -243,7 +268,7 @@ if __name__ == "__main__":
         fail(str(error))
     device = pick_device(args.device)
     buffer_device = pick_buffer_device(args.buffer_device, device)  # --buffer-device cuda: frames on the GPU
-    check_memory(args.buffer_size, bytes_per_transition() + PRIORITY_BYTES, buffer_device)
+    check_memory(args.buffer_size, bytes_per_transition() + (PRIORITY_BYTES if args.prioritized else 0), buffer_device)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -255,22 +280,24 @@ if __name__ == "__main__":
     except EnvIdError as error:
         fail(str(error))
     network_kwargs = dict(n_atoms=args.n_atoms, v_min=args.v_min, v_max=args.v_max, noisy_sigma=args.noisy_sigma)
+    network_kwargs.update(dueling=args.dueling, noisy=args.noisy)
     q_network = QNetwork(envs.n_actions, **network_kwargs).to(device)
     check_encoder(q_network.encoder)
-    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps)
     target_network = QNetwork(envs.n_actions, **network_kwargs).to(device)
     target_network.load_state_dict(q_network.state_dict())
-    rb = PrioritizedReplayBuffer(
-        args.buffer_size,
-        args.num_envs,
-        device=device,
-        n_step=args.n_step,
-        gamma=args.gamma,
-        seed=args.seed,
-        alpha=args.prioritized_alpha,
-        eps=args.prioritized_eps,
-        storage_device=buffer_device,
+    if args.fast and device.type == "cpu":  # --fast: channels-last convolutions, which oneDNN runs faster on CPU
+        q_network.to(memory_format=torch.channels_last)
+        target_network.to(memory_format=torch.channels_last)
+    fused = args.fast and device.type in ("cpu", "cuda")  # --fast: Adam's fused kernel (None: torch's default)
+    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=fused or None)
+    buffer_kwargs = dict(
+        device=device, n_step=args.n_step, gamma=args.gamma, seed=args.seed, storage_device=buffer_device
     )
+    if args.prioritized:  # sampled in proportion to (loss + eps) ** alpha
+        alpha, eps = args.prioritized_alpha, args.prioritized_eps
+        rb = PrioritizedReplayBuffer(args.buffer_size, args.num_envs, **buffer_kwargs, alpha=alpha, eps=eps)
+    else:  # --no-prioritized: uniform sampling, still n-step
+        rb = ReplayBuffer(args.buffer_size, args.num_envs, **buffer_kwargs)
     rng = np.random.default_rng(args.seed)
     run = Run(args, __file__, device, resumed)  # the run folder appears once everything is allocated
     checkpointer = Checkpointer(
@@ -283,10 +310,6 @@ if __name__ == "__main__":
         envs=envs,
         rng=rng,
     )
-    # the loss, its backward pass and the optimizer step, run as --fast says (cleanrl_utils/fast.py)
-    settings = FastSettings.for_device(device) if args.fast else FastSettings()
-    loss_fn = partial(compute_loss, q_network, target_network, args=args)
-    update = prepare([q_network, target_network], optimizer, loss_fn, settings, args.on_nonfinite == "skip")
     run.timings["setup"] += time.perf_counter() - setup_start
 
     obs, global_step, update_credit, start_time = checkpointer.start()  # a fresh start, or where the checkpoint left
@@ -298,7 +321,7 @@ if __name__ == "__main__":
         )
         with run.timed("acting"):
             if global_step <= checkpointer.learning_starts:  # before learning, a new noise draw at every step
-                reset_noise(q_network)
+                reset_noise(q_network)  # (reset_noise does nothing with --no-noisy)
             actions = rng.integers(0, envs.n_actions, args.num_envs)
             greedy = rng.random(args.num_envs) >= epsilon
             if greedy.any():
@@ -317,19 +340,28 @@ if __name__ == "__main__":
                 with run.timed("learning"):
                     reset_noise(q_network)  # a new noise draw per update, independent for the two networks;
                     reset_noise(target_network)  # acting uses the online one's until the next update
-                    beta = beta_schedule(args.prioritized_beta, args.total_timesteps, global_step)
-                    data = rb.sample(args.batch_size, beta)
-                    _, metrics, priorities = update(data)  # compute_loss, its backward pass, the optimizer step
-                    if update.last_skipped:  # --on-nonfinite skip: a non-finite loss, no optimizer step
+                    if args.prioritized:  # plus importance-sampling weights (beta annealed to 1) and indices
+                        beta = beta_schedule(args.prioritized_beta, args.total_timesteps, global_step)
+                        data = rb.sample(args.batch_size, beta)
+                    else:
+                        data = rb.sample(args.batch_size)
+                    loss, metrics, priorities = compute_loss(q_network, target_network, data, args)
+                    if args.on_nonfinite == "skip" and not torch.isfinite(loss):  # reads the loss: a host sync
                         run.counts["skipped_updates"] += 1
                         continue
-                    # new priorities: each transition's loss (the paper's KL plus the target's entropy)
-                    rb.update_priorities(data.indices, priorities)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                    if args.prioritized:  # new priorities: each transition's loss (KL plus the target's entropy)
+                        rb.update_priorities(data.indices, priorities)
                 run.counts["gradient_updates"] += 1
 
             if global_step // 1000 > previous_step // 1000 and metrics is not None:
                 # a non-finite value stops the run here
-                metrics |= {"beta": beta, "noisy_sigma": mean_sigma(q_network)}
+                if args.prioritized:
+                    metrics["beta"] = beta
+                if args.noisy:
+                    metrics["noisy_sigma"] = mean_sigma(q_network)
                 run.train_metrics(global_step, metrics, q_network)
 
             # update target network

@@ -1,9 +1,14 @@
-"""The fast update: one gradient step with as little overhead as the device allows.
+"""The update's variants that benchmarks/throughput.py measures: one gradient step, run several ways.
+
+The scripts in algos/ run their update in plain sight (the loss, ``optimizer.zero_grad()``, ``loss.backward()``,
+``optimizer.step()``) with two visible speed-ups under ``--fast``: Adam's fused kernel (``fused=``) and, on CPU,
+channels-last networks. This module keeps, for measurement only, those two and the variants that did not pay
+enough to ship (benchmarks/RESULTS.md):
 
 ``Update(loss_fn, optimizer, ...)`` runs ``loss_fn(data) -> (loss, *outputs)``, the backward pass and the
-optimizer step, and returns the loss and the outputs (tensors, or dicts of tensors) detached, without any host synchronisation (read them with
-``.item()`` only when logging). The algorithm's loss stays a plain function in its script; what this module
-changes is only how that function is run:
+optimizer step, and returns the loss and the outputs (tensors, or dicts of tensors) detached, without any host
+synchronisation. The algorithm's loss is the script's own ``compute_loss``; what this module changes is only
+how that function is run:
 
 - ``channels_last``: the networks' convolutions in NHWC layout (oneDNN on CPU runs them faster), and the
   batch's frame stacks handed to them in that layout too (a copy of the uint8 stacks, not of floats);
@@ -13,8 +18,7 @@ changes is only how that function is run:
   replayed: one launch per update instead of hundreds. The batch is copied into static tensors first.
 
 Every one of them computes the same loss and gradients as the plain eager step to float tolerance
-(tests/test_fast_update.py). Which pay, measured on each machine: benchmarks/RESULTS.md;
-``FastSettings.for_device`` holds those measured choices.
+(tests/test_bench_fast_update.py). ``FastSettings.for_device`` holds what the scripts' ``--fast`` does.
 """
 
 from __future__ import annotations

@@ -89,7 +89,8 @@ step() {  # step NAME LIMIT_SECONDS COMMAND...: runs with a time limit (never pa
 }
 
 # ---- 2. the CUDA tests of the fast path
-step tests_cuda 100 "$PY" -m pytest -q -p no:cacheprovider tests/test_fast_update.py tests/test_fast_path.py \
+step tests_cuda 100 "$PY" -m pytest -q -p no:cacheprovider tests/test_fast_update.py tests/test_bench_fast_update.py \
+    tests/test_fast_path.py \
     -k "cuda or gpu" -rs
 tail -3 "$OUT/tests_cuda.log" | tee -a "$OUT/summary.txt"
 

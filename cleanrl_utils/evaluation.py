@@ -128,6 +128,14 @@ def load_algorithm(script: str | Path):
     return module
 
 
+def network_kwargs(network_class: type, saved: dict[str, Any]) -> dict[str, Any]:
+    """The saved model's network settings that its script's ``QNetwork`` still takes: a model saved before a
+    setting left the script (dqn.py's --dueling, say, now Rainbow's alone) loads if its weights fit, since
+    ``load_state_dict`` then checks every tensor's name and shape."""
+    taken = inspect.signature(network_class).parameters
+    return {key: value for key, value in saved.get("network_kwargs", {}).items() if key in taken}
+
+
 def action_names(env_id: str, n_actions: int) -> list[str]:
     """The ALE's names of a game's actions (NOOP, FIRE, ...); ``action i`` for other environments."""
     if ale_game(env_id) is not None:
@@ -210,8 +218,11 @@ def main(argv: list[str] | None = None) -> None:
 
         q_network = module.QNetwork(network_spec(saved["n_actions"]))
     else:
-        q_network = module.QNetwork(saved["n_actions"], **saved.get("network_kwargs", {}))
-    q_network.load_state_dict(saved["state_dict"])
+        q_network = module.QNetwork(saved["n_actions"], **network_kwargs(module.QNetwork, saved))
+    try:
+        q_network.load_state_dict(saved["state_dict"])
+    except RuntimeError as error:
+        parser.error(f"{args.model_path} does not fit algos/{saved['algo']}.py's network as it is now: {error}")
     env_id = args.env_id or saved["env_id"]
     n_actions = saved["n_actions"]
     if env_id != saved["env_id"]:

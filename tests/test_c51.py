@@ -47,11 +47,12 @@ def naive_projection(next_probs, rewards, dones, gamma: float, v_min: float, v_m
     return out
 
 
-def naive_cross_entropy(target, log_probs) -> float:
-    total = 0.0
-    for k in range(len(target)):
-        total -= sum(float(target[k][i]) * float(log_probs[k][i]) for i in range(len(target[k])))
-    return total / len(target)
+def naive_cross_entropies(target, log_probs) -> list[float]:
+    """-sum_i target_i * log p_i, one transition at a time"""
+    return [
+        -sum(float(t) * float(lp) for t, lp in zip(tr, lr, strict=True))
+        for tr, lr in zip(target, log_probs, strict=True)
+    ]
 
 
 def random_probs(batch: int, n: int, generator: torch.Generator, sharpness: float = 3.0) -> torch.Tensor:
@@ -82,13 +83,15 @@ def test_projection_and_cross_entropy_match_naive_loops(n, v_min, v_max, gamma):
         torch.randint(-3, 4, (batch,), generator=g).float(),
     )
     dones = (torch.rand(batch, generator=g) < 0.3).float()
-    got = c51.project_distribution(next_probs, rewards, dones, gamma, atoms(n, v_min, v_max))
+    got = c51.project_distribution(next_probs, rewards, gamma * (1 - dones), atoms(n, v_min, v_max))
     expected = naive_projection(next_probs.double().tolist(), rewards.tolist(), dones.tolist(), gamma, v_min, v_max)
     np.testing.assert_allclose(got.double().numpy(), expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got.sum(dim=1).numpy(), 1.0, atol=1e-5)  # no mass lost or made
     log_probs = torch.log_softmax(torch.randn(batch, n, generator=g), dim=1)
-    loss = c51.cross_entropy(got, log_probs)
-    assert loss.item() == pytest.approx(naive_cross_entropy(expected, log_probs.double().tolist()), rel=1e-5)
+    losses = c51.per_sample_cross_entropy(got, log_probs)
+    naive = naive_cross_entropies(expected, log_probs.double().tolist())
+    np.testing.assert_allclose(losses.double().numpy(), naive, rtol=1e-5)
+    assert losses.mean().item() == pytest.approx(sum(naive) / batch, rel=1e-5)  # the loss: their batch mean
 
 
 def test_projection_hand_cases():
@@ -107,34 +110,70 @@ def test_projection_hand_cases():
     next_probs = torch.stack([c[0] for c in cases])
     rewards = torch.tensor([c[1] for c in cases])
     dones = torch.tensor([c[2] for c in cases])
-    got = c51.project_distribution(next_probs, rewards, dones, 1.0, support)
+    got = c51.project_distribution(next_probs, rewards, 1.0 * (1 - dones), support)
     np.testing.assert_allclose(got.numpy(), [c[3] for c in cases], atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    "bug,original,planted",
-    [
-        ("missing 1 - done", "gamma * (1 - dones.unsqueeze(1)) * atoms", "gamma * atoms"),
-        ("no clipping to the support", ".clamp(atoms[0], atoms[-1])", ""),
-        ("too wide a split", ".abs() / delta_z", ".abs() / (2 * delta_z)"),
-    ],
-)
-def test_the_naive_comparison_catches_a_planted_bug(bug, original, planted, tmp_path):
-    source = SCRIPT.read_text()
-    assert source.count(original) == 1
-    broken_path = tmp_path / "broken_c51.py"
-    broken_path.write_text(source.replace(original, planted))
-    broken = load_algorithm(broken_path)
+def check_projection(module) -> bool:
     g = torch.Generator().manual_seed(0)
     n, v_min, v_max, gamma, batch = 11, -1.0, 1.0, 0.9, 32
     next_probs = random_probs(batch, n, g)
     rewards = 3.0 * torch.randn(batch, generator=g)
     dones = (torch.rand(batch, generator=g) < 0.5).float()
     expected = naive_projection(next_probs.double().tolist(), rewards.tolist(), dones.tolist(), gamma, v_min, v_max)
-    for module, should_agree in ((c51, True), (broken, False)):
-        got = module.project_distribution(next_probs, rewards, dones, gamma, atoms(n, v_min, v_max))
-        agrees = np.allclose(got.double().numpy(), expected, rtol=1e-5, atol=1e-6)
-        assert agrees == should_agree, f"{bug}: {'missed' if should_agree else 'went unnoticed'}"
+    got = module.project_distribution(next_probs, rewards, gamma * (1 - dones), atoms(n, v_min, v_max))
+    return np.allclose(got.double().numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def check_target(module) -> bool:
+    """the target from the script's own network, terminals included, against the naive projection"""
+    torch.manual_seed(0)
+    net = module.QNetwork(4, 11, -1.0, 1.0)
+    g = torch.Generator().manual_seed(3)
+    data = SimpleNamespace(
+        next_observations=frames(16, 2), rewards=torch.randn(16, generator=g), dones=torch.tensor([0.0, 1.0] * 8)
+    )
+    with torch.no_grad():
+        probs = net.distribution(data.next_observations).double().tolist()
+    support = net.atoms.double().tolist()
+    chosen = []
+    for rows in probs:
+        expectations = [sum(p * z for p, z in zip(row, support, strict=True)) for row in rows]
+        chosen.append(rows[max(range(4), key=lambda a, e=expectations: e[a])])
+    expected = naive_projection(chosen, data.rewards.tolist(), data.dones.tolist(), 0.9, -1.0, 1.0)
+    got = module.compute_target_distribution(net, data, 0.9)
+    return np.allclose(got.double().numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def check_loss(module) -> bool:
+    g = torch.Generator().manual_seed(1)
+    target = random_probs(32, 11, g)
+    log_probs = torch.log_softmax(torch.randn(32, 11, generator=g), dim=1)
+    got = module.per_sample_cross_entropy(target, log_probs).double().numpy()
+    return np.allclose(got, naive_cross_entropies(target.tolist(), log_probs.tolist()), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "bug,original,planted,check",
+    [
+        ("missing 1 - done", "gamma * (1 - data.dones)", "gamma * torch.ones_like(data.dones)", check_target),
+        ("no clipping to the support", ".clamp(atoms[0], atoms[-1])", "", check_projection),
+        ("too wide a split", ".abs() / delta_z", ".abs() / (2 * delta_z)", check_projection),
+        (
+            "cross-entropy with the sign lost",
+            "return -(target_probs * log_probs)",
+            "return (target_probs * log_probs)",
+            check_loss,
+        ),
+    ],
+)
+def test_the_naive_comparison_catches_a_planted_bug(bug, original, planted, check, tmp_path):
+    source = SCRIPT.read_text()
+    assert source.count(original) == 1
+    broken_path = tmp_path / "broken_c51.py"
+    broken_path.write_text(source.replace(original, planted))
+    assert check(c51), f"{bug}: the right script fails its check"
+    assert not check(load_algorithm(broken_path)), f"{bug} went unnoticed"
 
 
 # ---------------------------------------------------------------- 2. the target from the networks; terminals

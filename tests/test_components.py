@@ -1,16 +1,21 @@
-"""The component flags of dqn.py, double_dqn.py and c51.py (--n-step, --prioritized, --dueling, --noisy): the
-dueling head, the n-step targets, the importance-weighted losses and the new priorities against naive float64
-loops (with planted bugs that the comparisons catch), noisy layers off in evaluation, defaults unchanged, dqn
-and c51 with all four flags learning a toy task, their saved models re-evaluated as a user would, and bad flags.
-No mocks.
+"""The component flags, Rainbow's alone now: algos/rainbow.py has every part on by default and a flag to turn each
+off, the paper's ablations (--n-step 1, --no-prioritized, --no-dueling, --no-noisy); dqn.py, double_dqn.py and
+c51.py are their algorithm and nothing else, and dqn.py and double_dqn.py differ only in their target.
+
+For Rainbow, with and without each part: the head (dueling or one layer, noisy or plain, in training and in
+evaluation), the n-step target from a real buffer (n = 3 and n = 1) against the streams' own record, the
+importance-weighted loss and the new priorities from a real prioritized buffer and the plain loss without them,
+all against naive float64 loops, with planted bugs that the comparisons catch; each ablation flag run end to end
+on a toy task and its saved model re-evaluated as a user would; bad flags. No mocks.
 
 The buffers' own n-step returns and priorities are tested in tests/test_buffer.py and tests/test_prioritized.py;
-here, what the scripts compute from them."""
+here, what the script computes from them."""
 
 from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,9 +24,10 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO, run_python, run_script
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_buffer import FRAME, STACK, RandomStreams, fill, naive_n_step
 from test_learning import FAST_LEARNING
-from test_rainbow import naive_dueling_log_probs, naive_projection
+from test_rainbow import naive_cross_entropies, naive_dueling_log_probs, naive_projection
 from torch import nn
 
 from cleanrl_utils.buffer import ReplayBuffer
@@ -30,8 +36,11 @@ from cleanrl_utils.noisy import NoisyLinear, reset_noise
 from cleanrl_utils.prioritized import PrioritizedReplayBuffer
 
 ALGOS = REPO / "algos"
-SCRIPTS = {name: load_algorithm(ALGOS / f"{name}.py") for name in ("dqn", "double_dqn", "c51")}
-GAMMA = 0.9
+PLAIN = {name: load_algorithm(ALGOS / f"{name}.py") for name in ("dqn", "double_dqn", "c51")}
+rainbow = load_algorithm(ALGOS / "rainbow.py")
+GAMMA, V_MIN, V_MAX, N_ATOMS, N_ACTIONS = 0.9, -3.0, 3.0, 13, 6
+COMPONENT_FLAGS = ("n_step", "prioritized", "prioritized_alpha", "prioritized_beta", "prioritized_eps")
+COMPONENT_FLAGS += ("dueling", "noisy", "noisy_sigma")
 
 
 # ---------------------------------------------------------------- naive references (float64, loops)
@@ -58,42 +67,60 @@ def naive_linear(layer: nn.Module, features: list[list[float]]) -> list[list[flo
     ]
 
 
-def naive_dueling_q(net, obs: torch.Tensor) -> list[list[float]]:
-    """Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a') over the script's layers, from the encoder's features"""
-    with torch.no_grad():
-        features = net.encoder(obs).double().tolist()
-    out = []
-    for [v], advantages in zip(naive_linear(net.value, features), naive_linear(net.head, features), strict=True):
-        mean = sum(advantages) / len(advantages)
-        out.append([v + a - mean for a in advantages])
-    return out
+def naive_log_softmax(logits: list[float]) -> list[float]:
+    top = max(logits)
+    log_z = top + math.log(sum(math.exp(x - top) for x in logits))
+    return [x - log_z for x in logits]
 
 
-def naive_dueling_c51(net, obs: torch.Tensor) -> list[list[list[float]]]:
-    """C51's dueling head per atom (as Rainbow), log-softmax over the atoms"""
+def naive_log_probs(net, obs: torch.Tensor) -> list[list[list[float]]]:
+    """Rainbow's head from the encoder's features: per atom v + A - mean_a' A (dueling) or the advantage
+    layer's output itself (--no-dueling), then a log-softmax over the atoms; (batch, n_actions, n_atoms)"""
     with torch.no_grad():
         features = net.encoder(obs).double().tolist()
     n_actions, n_atoms = net.n_actions, net.n_atoms
-    value = naive_linear(net.value, features)
     advantage = [
-        [row[a * n_atoms : (a + 1) * n_atoms] for a in range(n_actions)] for row in naive_linear(net.head, features)
+        [row[a * n_atoms : (a + 1) * n_atoms] for a in range(n_actions)]
+        for row in naive_linear(net.advantage, features)
     ]
-    return naive_dueling_log_probs(value, advantage)
+    if net.value is not None:
+        return naive_dueling_log_probs(naive_linear(net.value, features), advantage)
+    return [[naive_log_softmax(logits) for logits in rows] for rows in advantage]
 
 
-def q_rows(net, obs) -> list[list[float]]:
-    with torch.no_grad():
-        return net(obs).double().tolist()
+def naive_expectations(log_probs: list[list[float]], support: list[float]) -> list[float]:
+    return [sum(math.exp(lp) * z for lp, z in zip(row, support, strict=True)) for row in log_probs]
 
 
-class TinyQ(nn.Module):
-    def __init__(self, seed: int, n_actions: int = 6):
+class TinyEncoder(nn.Module):
+    """stands in for the Nature encoder on the buffer tests' small frames: a uint8 stack -> 512 features"""
+
+    def __init__(self):
         super().__init__()
-        torch.manual_seed(seed)
-        self.linear = nn.Linear(STACK * FRAME[0] * FRAME[1], n_actions)
+        self.linear = nn.Linear(STACK * FRAME[0] * FRAME[1], 512)
 
     def forward(self, x):
-        return 3.0 * self.linear(x.float().flatten(1) / 255.0)
+        return torch.relu(self.linear(x.float().flatten(1) / 255.0))
+
+
+def network(seed: int, tiny: bool = False, **flags) -> nn.Module:
+    """Rainbow's own QNetwork (with the flags' parts), sharpened so that the actions' expected returns differ;
+    ``tiny``: on the buffer tests' small frames"""
+    torch.manual_seed(seed)
+    net = rainbow.QNetwork(N_ACTIONS, N_ATOMS, V_MIN, V_MAX, **flags)
+    if tiny:
+        net.encoder = TinyEncoder()
+    with torch.no_grad():
+        for layer in (net.value, net.advantage):
+            if layer is not None:
+                (layer.weight_mu if isinstance(layer, NoisyLinear) else layer.weight).mul_(30.0)
+    return net
+
+
+def frames(batch: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    brightness = torch.linspace(0.05, 1.0, batch).view(batch, 1, 1, 1)
+    return (255 * brightness * torch.rand(batch, 4, 84, 84, generator=g)).to(torch.uint8)
 
 
 def filled(n_step: int, prioritized: bool = False, seed: int = 0):
@@ -108,333 +135,356 @@ def filled(n_step: int, prioritized: bool = False, seed: int = 0):
     return buffer, truth
 
 
-def naive_td_targets(algo: str, online, target, batch, truth) -> list[float]:
-    """sum_k gamma^k r_{t+k} + gamma^m Q(s_{t+m}, ...) from the streams' own record, no bootstrap after a
-    terminal; Q from the networks, the rest in float64"""
-    out = []
-    for i in range(len(batch.actions)):
-        ret, next_obs, done, discount = truth[
-            batch.observations[i].numpy().tobytes() + bytes([batch.actions[i].item()])
-        ]
-        s = torch.from_numpy(np.frombuffer(next_obs, dtype=np.uint8).reshape(1, STACK, *FRAME).copy())
-        [online_q], [target_q] = q_rows(online, s), q_rows(target, s)
-        if algo == "dqn":
-            bootstrap = max(target_q)
-        else:  # double: the online network picks, the target network evaluates
-            bootstrap = target_q[max(range(len(online_q)), key=lambda a, q=online_q: q[a])]
-        out.append(ret + (0.0 if done else discount * bootstrap))
-    return out
+def naive_targets(online, target, batch, truth) -> list[list[float]]:
+    """Double, from the streams' own record: the n-step return R, the state n steps later s' (fewer at an episode
+    end), gamma^k, and no bootstrap after a terminal; a* = argmax of the online network's expectations at s', the
+    target network's distribution there projected; the networks' outputs from the naive head, the rest loops"""
+    support = [V_MIN + i * (V_MAX - V_MIN) / (N_ATOMS - 1) for i in range(N_ATOMS)]
+    records = [
+        truth[batch.observations[i].numpy().tobytes() + bytes([batch.actions[i].item()])]
+        for i in range(len(batch.actions))
+    ]
+    next_states = torch.from_numpy(
+        np.stack([np.frombuffer(next_obs, dtype=np.uint8).reshape(STACK, *FRAME) for _, next_obs, _, _ in records])
+    )
+    online_rows, target_rows = naive_log_probs(online, next_states), naive_log_probs(target, next_states)
+    chosen = []
+    for online_row, target_row in zip(online_rows, target_rows, strict=True):
+        expectations = naive_expectations(online_row, support)
+        best = max(range(N_ACTIONS), key=lambda a, e=expectations: e[a])
+        chosen.append([math.exp(lp) for lp in target_row[best]])
+    rewards = [ret for ret, _, _, _ in records]
+    discounts = [0.0 if done else discount for _, _, done, discount in records]
+    return naive_projection(chosen, rewards, discounts, V_MIN, V_MAX)
 
 
-# ---------------------------------------------------------------- 1. defaults; the scripts' shape
+def naive_taken_log_probs(net, batch) -> list[list[float]]:
+    rows = naive_log_probs(net, batch.observations)
+    return [rows[i][batch.actions[i].item()] for i in range(len(batch.actions))]
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_every_flag_is_off_by_default_and_the_default_network_is_unchanged(name):
-    module = SCRIPTS[name]
-    args = module.Args()
-    assert (args.n_step, args.prioritized, args.dueling, args.noisy) == (1, False, False, False)
-    assert (args.prioritized_alpha, args.prioritized_beta, args.noisy_sigma) == (0.5, 0.4, 0.5)
-    keys = set(module.QNetwork(4).state_dict())  # the same state dict as before the flags: old models load
+# ---------------------------------------------------------------- 1. the three plain scripts; Rainbow's defaults
+
+
+@pytest.mark.parametrize("name", PLAIN)
+def test_plain_scripts_carry_no_component_flags_and_keep_their_network(name):
+    module = PLAIN[name]
+    assert not set(COMPONENT_FLAGS) & set(vars(module.Args())), f"{name}.py still has Rainbow's flags"
+    keys = set(module.QNetwork(4).state_dict())  # the same state dict as ever: old models load
     assert {k for k in keys if not k.startswith("encoder.")} == {"head.weight", "head.bias"} | (
         {"atoms"} if name == "c51" else set()
     )
     assert type(module.QNetwork(4).head) is nn.Linear
+    for gone in ("dueling_q_values", "weighted_mse_loss", "beta_schedule", "dueling_logits"):
+        assert not hasattr(module, gone), f"{name}.py still has {gone}"
 
 
-def test_double_dqn_differs_from_dqn_only_in_its_target():
-    """`diff algos/dqn.py algos/double_dqn.py` shows what Double DQN changes, with the flags in both"""
-    dqn, double = ((ALGOS / f"{name}.py").read_text().splitlines() for name in ("dqn", "double_dqn"))
-    start = dqn.index(next(line for line in dqn if line.startswith("def compute_td_target")))
-    end = next(i for i in range(start + 1, len(dqn)) if dqn[i].startswith("def "))
-    for tag, i1, i2, _, _ in difflib.SequenceMatcher(None, dqn, double, autojunk=False).get_opcodes():
-        if tag == "equal":
-            continue
-        header = i2 <= 1
-        target = start <= i1 and i2 < end
-        metrics = any("run.train_metrics" in line for line in dqn[i1:i2])  # the two scripts' own logging line
-        assert header or target or metrics, f"dqn.py and double_dqn.py differ at lines {i1 + 1}-{i2}: {dqn[i1:i2]}"
-
-
-# ---------------------------------------------------------------- 2. the dueling head, noisy layers
-
-
-@pytest.mark.parametrize("name", ["dqn", "double_dqn"])
-def test_dueling_head_matches_naive_loops(name):
-    torch.manual_seed(0)
-    net = SCRIPTS[name].QNetwork(5, dueling=True)
-    obs = (255 * torch.rand(3, 4, 84, 84)).to(torch.uint8)
-    got = q_rows(net, obs)
-    np.testing.assert_allclose(got, naive_dueling_q(net, obs), rtol=1e-5, atol=1e-5)
-    with torch.no_grad():
-        advantages = net.head(net.encoder(obs))
-    assert not np.allclose(got, advantages.double().numpy(), atol=1e-3)  # the value stream counts
-
-
-def test_c51_dueling_head_matches_naive_loops():
-    torch.manual_seed(1)
-    net = SCRIPTS["c51"].QNetwork(3, 7, -1.0, 1.0, dueling=True)
-    obs = (255 * torch.rand(2, 4, 84, 84)).to(torch.uint8)
-    with torch.no_grad():
-        got = net.log_distribution(obs).double().numpy()
-    np.testing.assert_allclose(got, naive_dueling_c51(net, obs), rtol=1e-5, atol=1e-5)
-
-
-def check_dueling(module) -> bool:
-    torch.manual_seed(0)
-    net = module.QNetwork(4, dueling=True)
-    obs = (255 * torch.rand(2, 4, 84, 84)).to(torch.uint8)
-    return np.allclose(q_rows(net, obs), naive_dueling_q(net, obs), rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize("name,flag", [("dqn", "--n-step"), ("double_dqn", "--prioritized"), ("c51", "--noisy")])
+def test_plain_scripts_refuse_a_removed_flag(name, flag, tmp_path):
+    done = run_script(name, *([flag, "3"] if flag == "--n-step" else [flag]), timeout=120, tmp_path=tmp_path)
+    assert done.returncode != 0 and flag in done.stderr + done.stdout, done.stderr[-2000:]
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
 @pytest.mark.parametrize("name", ["dqn", "c51"])
-def test_noisy_head_acts_with_noise_in_training_and_its_means_in_evaluation(name):
+def test_a_model_saved_before_the_flags_left_still_evaluates(name, tmp_path):
+    """models saved by the scripts with the flags record dueling/noisy/noisy_sigma among their network settings:
+    with the flags off they are the plain network, and evaluate; one saved with --dueling no longer fits, and
+    evaluation says so (no traceback)"""
+    module = PLAIN[name]
+    torch.manual_seed(0)
+    old = {"dueling": False, "noisy": False, "noisy_sigma": 0.5} | (
+        {"n_atoms": 51, "v_min": -10.0, "v_max": 10.0} if name == "c51" else {}
+    )
+    saved = {"state_dict": module.QNetwork(2).state_dict(), "algo": name, "algo_script": str(ALGOS / f"{name}.py"),
+             "env_id": "tests.toy_envs:ImageBandit-v0", "n_actions": 2, "network_kwargs": old}  # fmt: skip
+    torch.save(saved, tmp_path / "old.cleanrl_model")
+    done = run_python(
+        "-m", "cleanrl_utils.evaluation", str(tmp_path / "old.cleanrl_model"), "--episodes", "2", "--json"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(json.loads(done.stdout)["episodic_returns"]) == 2
+    dueling = saved | {"network_kwargs": old | {"dueling": True}}
+    dueling["state_dict"] = saved["state_dict"] | {"value.weight": torch.zeros(1, 512), "value.bias": torch.zeros(1)}
+    torch.save(dueling, tmp_path / "dueling.cleanrl_model")
+    done = run_python("-m", "cleanrl_utils.evaluation", str(tmp_path / "dueling.cleanrl_model"), "--episodes", "1")
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"does not fit algos/{name}.py's network" in done.stderr and "value.weight" in done.stderr, done.stderr
+
+
+def test_double_dqn_differs_from_dqn_only_in_its_target():
+    """`diff algos/dqn.py algos/double_dqn.py` shows what Double DQN changes, and nothing else"""
+    dqn, double = ((ALGOS / f"{name}.py").read_text().splitlines() for name in ("dqn", "double_dqn"))
+    start = dqn.index(next(line for line in dqn if line.startswith("def compute_td_target")))
+    end = next(i for i in range(start + 1, len(dqn)) if dqn[i].startswith("def "))
+    changes = 0
+    for tag, i1, i2, _, _ in difflib.SequenceMatcher(None, dqn, double, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        changes += 1
+        header = i2 <= 1
+        target = start <= i1 and i2 < end
+        assert header or target, f"dqn.py and double_dqn.py differ at lines {i1 + 1}-{i2}: {dqn[i1:i2]}"
+    assert changes >= 2  # the header and the target
+
+
+def test_rainbow_has_every_part_on_by_default_and_its_network_unchanged():
+    args = rainbow.Args()
+    assert (args.n_step, args.prioritized, args.dueling, args.noisy) == (3, True, True, True)
+    net = rainbow.QNetwork(4)  # the state dict of the models saved before the flags: they still load
+    keys = {k for k in net.state_dict() if not k.startswith("encoder.")}
+    layers = {
+        f"{name}.{p}_{kind}" for name in ("value", "advantage") for p in ("weight", "bias") for kind in ("mu", "sigma")
+    }
+    assert keys == layers | {"atoms"}
+    plain = rainbow.QNetwork(4, dueling=False, noisy=False)
+    assert plain.value is None and type(plain.advantage) is nn.Linear
+    assert {k for k in plain.state_dict() if not k.startswith("encoder.")} == {
+        "advantage.weight",
+        "advantage.bias",
+        "atoms",
+    }
+
+
+# ---------------------------------------------------------------- 2. the head with and without each part
+
+
+HEADS = [
+    pytest.param({}, id="dueling+noisy"),
+    pytest.param({"dueling": False}, id="no-dueling"),
+    pytest.param({"noisy": False}, id="no-noisy"),
+    pytest.param({"dueling": False, "noisy": False}, id="neither"),
+]
+
+
+@pytest.mark.parametrize("flags", HEADS)
+def test_head_matches_naive_loops_in_training_and_evaluation(flags):
     """training mode: the current noise draw, a new one at reset_noise; evaluation mode (what evaluation and a
-    saved model use): the mean weights, whatever the noise"""
-    torch.manual_seed(2)
-    net = SCRIPTS[name].QNetwork(4, dueling=True, noisy=True, noisy_sigma=0.5)
-    assert isinstance(net.head, NoisyLinear) and isinstance(net.value, NoisyLinear)
-    obs = (255 * torch.rand(2, 4, 84, 84)).to(torch.uint8)
-    naive = naive_dueling_q if name == "dqn" else naive_dueling_c51
-    output = (lambda x: net(x)) if name == "dqn" else net.log_distribution
+    saved model use): the mean weights. Without noisy layers both modes give the same, and reset_noise nothing."""
+    net = network(2, **flags)
+    noisy = flags.get("noisy", True)
+    assert all(isinstance(layer, NoisyLinear) == noisy for layer in (net.value, net.advantage) if layer is not None)
+    obs = frames(3, 1)
     with torch.no_grad():
-        first = output(obs).double().numpy()
-        np.testing.assert_allclose(first, naive(net, obs), rtol=1e-5, atol=1e-5)
+        first = net.log_distribution(obs).double().numpy()
+        np.testing.assert_allclose(first, naive_log_probs(net, obs), rtol=1e-5, atol=1e-5)
         reset_noise(net)
-        assert not np.allclose(first, output(obs).double().numpy(), atol=1e-4)
+        redrawn = net.log_distribution(obs).double().numpy()
+        assert np.allclose(first, redrawn, atol=1e-4) == (not noisy)
         net.eval()
-        evaluated = output(obs).double().numpy()
-        np.testing.assert_allclose(evaluated, naive(net, obs), rtol=1e-5, atol=1e-5)
+        evaluated = net.log_distribution(obs).double().numpy()
+        np.testing.assert_allclose(evaluated, naive_log_probs(net, obs), rtol=1e-5, atol=1e-5)
         reset_noise(net)
-        np.testing.assert_array_equal(evaluated, output(obs).double().numpy())
+        np.testing.assert_array_equal(evaluated, net.log_distribution(obs).double().numpy())
+        if not noisy:
+            np.testing.assert_array_equal(evaluated, first)
+        q = net(obs).double().numpy()
+    support = net.atoms.double().tolist()
+    np.testing.assert_allclose(q, [naive_expectations(rows, support) for rows in evaluated], rtol=1e-5, atol=1e-5)
+    if flags.get("dueling", True):  # the value stream counts
+        with torch.no_grad():
+            plain = torch.log_softmax(net.advantage(net.encoder(obs)).view(3, N_ACTIONS, N_ATOMS), dim=2)
+        assert not np.allclose(evaluated, plain.double().numpy(), atol=1e-3)
 
 
-# ---------------------------------------------------------------- 3. n-step targets
+# ---------------------------------------------------------------- 3. the n-step target from a real buffer
 
 
-@pytest.mark.parametrize("name", ["dqn", "double_dqn"])
-def test_n_step_target_matches_naive_loops(name):
-    module = SCRIPTS[name]
-    online, target = TinyQ(0), TinyQ(1)
-    buffer, truth = filled(n_step=3)
-    batch = buffer.sample(256)
-    got = module.compute_td_target(online, target, batch, GAMMA, n_step=3)
-    expected = naive_td_targets("dqn" if name == "dqn" else "double", online, target, batch, truth)
-    np.testing.assert_allclose(got.double().numpy(), expected, rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize("n_step", [3, 1])
+@pytest.mark.parametrize("prioritized", [True, False])
+def test_n_step_target_from_a_real_buffer_matches_naive_loops(n_step, prioritized):
+    online, target = network(4, tiny=True), network(0, tiny=True)
+    buffer, truth = filled(n_step, prioritized)
+    batch = buffer.sample(64, 0.5) if prioritized else buffer.sample(64)
+    got = rainbow.compute_target_distribution(online, target, batch)
+    np.testing.assert_allclose(got.double().numpy(), naive_targets(online, target, batch, truth), rtol=1e-5, atol=1e-6)
     steps = torch.round(torch.log(batch.discounts.clamp(min=1e-9)) / np.log(GAMMA))
-    assert (batch.dones == 1).any() and (steps[batch.dones == 0] < 3).any() and (steps == 3).any()
-
-
-@pytest.mark.parametrize("name", ["dqn", "double_dqn"])
-def test_one_step_target_is_unchanged_and_equals_the_discounts_form(name):
-    """at --n-step 1 the script computes CleanRL's r + gamma * max Q * (1 - done), bit for bit the same as
-    the n-step form r + discounts * max Q over the same batch"""
-    module = SCRIPTS[name]
-    online, target = TinyQ(2), TinyQ(3)
-    buffer, truth = filled(n_step=1)
-    batch = buffer.sample(256)
-    one_step = module.compute_td_target(online, target, batch, GAMMA)
-    assert torch.equal(one_step, module.compute_td_target(online, target, batch, GAMMA, n_step=1))
-    assert torch.equal(one_step, module.compute_td_target(online, target, batch, GAMMA, n_step=2))  # discounts
-    expected = naive_td_targets("dqn" if name == "dqn" else "double", online, target, batch, truth)
-    np.testing.assert_allclose(one_step.double().numpy(), expected, rtol=1e-5, atol=1e-5)
+    assert (batch.dones == 1).any() and (steps[batch.dones == 0] == n_step).any()
+    if n_step > 1:  # some returns stopped early at an episode end (truncation), and still bootstrap
+        assert (steps[batch.dones == 0] < n_step).any()
+    else:  # one step: the buffer's discounts are c51's gamma * (1 - done), bit for bit
+        assert torch.equal(batch.discounts, GAMMA * (1 - batch.dones))
 
 
 def check_n_step(module) -> bool:
-    online, target = TinyQ(0), TinyQ(1)
-    buffer, truth = filled(n_step=3, seed=4)
-    batch = buffer.sample(128)
-    got = module.compute_td_target(online, target, batch, GAMMA, n_step=3)
-    return np.allclose(got.double().numpy(), naive_td_targets("dqn", online, target, batch, truth), atol=1e-5)
+    online, target = network(4, tiny=True), network(0, tiny=True)
+    buffer, truth = filled(3, seed=4)
+    batch = buffer.sample(64)
+    got = module.compute_target_distribution(online, target, batch)
+    return np.allclose(got.double().numpy(), naive_targets(online, target, batch, truth), rtol=1e-5, atol=1e-6)
 
 
-def test_c51_n_step_target_matches_naive_loops():
-    c51 = SCRIPTS["c51"]
-    torch.manual_seed(5)
-    net = c51.QNetwork(4, 11, -1.0, 1.0)
-    with torch.no_grad():
-        net.head.weight.mul_(30.0)  # so that the greedy next action varies
-    g = torch.Generator().manual_seed(6)
-    steps, dones = torch.randint(1, 4, (16,), generator=g), torch.tensor([0.0, 0.0, 1.0, 0.0] * 4)
-    data = SimpleNamespace(
-        next_observations=(255 * torch.linspace(0.05, 1, 16).view(16, 1, 1, 1) * torch.rand(16, 4, 84, 84)).byte(),
-        rewards=torch.randn(16, generator=g),
-        dones=dones,
-        discounts=torch.where(dones.bool(), 0.0, GAMMA ** steps.float()),
-    )
-    got = c51.compute_target_distribution(net, data, GAMMA, n_step=3)
-    with torch.no_grad():
-        probs = net.distribution(data.next_observations).double().tolist()
-    support = net.atoms.double().tolist()
-    chosen = []
-    for rows in probs:
-        expectations = [sum(p * z for p, z in zip(row, support, strict=True)) for row in rows]
-        chosen.append(rows[max(range(4), key=lambda a, e=expectations: e[a])])
-    expected = naive_projection(chosen, data.rewards.tolist(), data.discounts.tolist(), -1.0, 1.0)
-    np.testing.assert_allclose(got.double().numpy(), expected, rtol=1e-5, atol=1e-6)
-    # at --n-step 1, the discounts a one-step buffer gives (gamma * (1 - done)) make the same target as before
-    data.discounts = GAMMA * (1 - dones)
-    torch.testing.assert_close(
-        c51.compute_target_distribution(net, data, GAMMA, n_step=2), c51.compute_target_distribution(net, data, GAMMA)
-    )
+# ---------------------------------------------------------------- 4. prioritized: weighted loss, new priorities
 
 
-# ---------------------------------------------------------------- 4. prioritized: weighted losses, new priorities
-
-
-@pytest.mark.parametrize("name", ["dqn", "double_dqn"])
-def test_weighted_loss_and_new_priorities_match_naive_loops(name):
-    """the script's loss is sum_i w_i (y_i - Q(s_i, a_i))^2 / B with w_i = (p_min / p_i) ** beta, and the
-    new priority of each sampled transition (|y_i - Q(s_i, a_i)| + eps) ** alpha"""
-    module = SCRIPTS[name]
-    source = (ALGOS / f"{name}.py").read_text()
-    assert source.count("rb.update_priorities(data.indices, td_errors)") == 1  # compute_loss's third output
-    online, target = TinyQ(0), TinyQ(1)
-    buffer, truth = filled(n_step=3, prioritized=True)
+def prioritized_batch(seed: int = 0):
+    """a real prioritized buffer with planted, uneven priorities, a batch drawn with beta 0.6, its truth"""
+    buffer, truth = filled(3, prioritized=True, seed=seed)
     live = np.flatnonzero(buffer.tree.get(np.arange(buffer.tree.size)) > 0)
-    priorities = np.random.default_rng(0).exponential(size=len(live)) + 0.05
+    priorities = np.random.default_rng(seed).exponential(size=len(live)) + 0.05
     buffer.tree.update(live, priorities)
     batch = buffer.sample(64, beta=0.6)
-    # what the script does: its compute_loss, as its loop runs it
-    args = SimpleNamespace(gamma=GAMMA, n_step=3, prioritized=True)
-    loss, metrics, td_errors = module.compute_loss(online, target, batch, args)
-    buffer.update_priorities(batch.indices, td_errors.detach())
-    # naive
-    targets = naive_td_targets("dqn" if name == "dqn" else "double", online, target, batch, truth)
-    q = q_rows(online, batch.observations)
-    p_min = min(priorities.tolist())
     p = dict(zip(live.tolist(), priorities.tolist(), strict=True))
-    weights = [(p_min / p[int(i)]) ** 0.6 for i in batch.indices]
-    errors = [targets[i] - q[i][batch.actions[i].item()] for i in range(64)]
-    mean_q = sum(q[i][batch.actions[i].item()] for i in range(64)) / 64
-    assert metrics["td_loss"] is loss and metrics["q_values"].item() == pytest.approx(mean_q, rel=1e-5, abs=1e-6)
+    weights = [(min(priorities.tolist()) / p[int(i)]) ** 0.6 for i in batch.indices]
+    return buffer, batch, truth, weights
+
+
+def test_weighted_loss_and_new_priorities_match_naive_loops():
+    """the loss is sum_i w_i CE_i / B with w_i = (p_min / p_i) ** beta and CE_i the cross-entropy of the projected
+    target and the online distribution at the taken action; each sampled transition's new priority is
+    (CE_i + eps) ** alpha; td_loss is the unweighted mean, q_values the mean expected return"""
+    source = (ALGOS / "rainbow.py").read_text()
+    assert source.count("rb.update_priorities(data.indices, priorities)") == 1  # compute_loss's third output
+    online, target = network(4, tiny=True), network(0, tiny=True)
+    buffer, batch, truth, weights = prioritized_batch()
+    loss, metrics, priorities = rainbow.compute_loss(online, target, batch, SimpleNamespace(prioritized=True))
+    buffer.update_priorities(batch.indices, priorities)
+    log_probs = naive_taken_log_probs(online, batch)
+    entropies = naive_cross_entropies(naive_targets(online, target, batch, truth), log_probs)
+    support = online.atoms.double().tolist()
     np.testing.assert_allclose(batch.weights.double().numpy(), weights, rtol=1e-5)
-    assert loss.item() == pytest.approx(sum(w * e * e for w, e in zip(weights, errors, strict=True)) / 64, rel=1e-5)
-    new = [(abs(e) + buffer.eps) ** buffer.alpha for e in errors]
+    assert loss.item() == pytest.approx(sum(w * e for w, e in zip(weights, entropies, strict=True)) / 64, rel=1e-5)
+    assert metrics["td_loss"].item() == pytest.approx(sum(entropies) / 64, rel=1e-5)
+    assert metrics["q_values"].item() == pytest.approx(sum(naive_expectations(log_probs, support)) / 64, rel=1e-5)
+    new = [(e + buffer.eps) ** buffer.alpha for e in entropies]
     np.testing.assert_allclose(buffer.tree.get(batch.indices), new, rtol=1e-5)
     assert min(weights) < 0.5  # the weights matter here
-    assert loss.item() != pytest.approx(sum(e * e for e in errors) / 64, rel=1e-3)
+    assert loss.item() != pytest.approx(sum(entropies) / 64, rel=1e-3)
+
+
+def test_without_prioritized_the_loss_is_the_plain_mean_of_a_uniform_batch():
+    """--no-prioritized: a plain n-step buffer (no weights, no indices), the loss the cross-entropies' mean"""
+    online, target = network(4, tiny=True), network(0, tiny=True)
+    buffer, truth = filled(3)
+    batch = buffer.sample(64)
+    assert not hasattr(batch, "weights")
+    loss, metrics, _ = rainbow.compute_loss(online, target, batch, SimpleNamespace(prioritized=False))
+    entropies = naive_cross_entropies(naive_targets(online, target, batch, truth), naive_taken_log_probs(online, batch))
+    assert loss.item() == pytest.approx(sum(entropies) / 64, rel=1e-5)
+    assert metrics["td_loss"].item() == pytest.approx(loss.item(), rel=1e-6)
 
 
 def check_weighted_loss(module) -> bool:
-    g = torch.Generator().manual_seed(0)
-    y, q, w = torch.randn(32, generator=g), torch.randn(32, generator=g), torch.rand(32, generator=g)
-    naive = sum(float(wi) * (float(yi) - float(qi)) ** 2 for yi, qi, wi in zip(y, q, w, strict=True)) / 32
-    return module.weighted_mse_loss(y, q, w).item() == pytest.approx(naive, rel=1e-5)
+    online, target = network(4, tiny=True), network(0, tiny=True)
+    _, batch, truth, weights = prioritized_batch(seed=2)
+    loss, _, _ = module.compute_loss(online, target, batch, SimpleNamespace(prioritized=True))
+    entropies = naive_cross_entropies(naive_targets(online, target, batch, truth), naive_taken_log_probs(online, batch))
+    return loss.item() == pytest.approx(sum(w * e for w, e in zip(weights, entropies, strict=True)) / 64, rel=1e-5)
 
 
-def test_c51_weighted_cross_entropy_and_priorities_match_naive_loops():
-    c51 = SCRIPTS["c51"]
-    source = (ALGOS / "c51.py").read_text()
-    assert source.count("rb.update_priorities(data.indices, priorities)") == 1
-    assert (
-        source.count(
-            'return loss, {"td_loss": loss, "q_values": old_val.mean()}, cross_entropies(target_probs, log_probs)'
-        )
-        == 1
-    )
-    g = torch.Generator().manual_seed(7)
-    target = torch.softmax(3 * torch.randn(32, 11, generator=g), dim=1)
-    log_probs = torch.log_softmax(torch.randn(32, 11, generator=g), dim=1)
-    weights = torch.rand(32, generator=g)
-    entropies = [
-        -sum(float(t) * float(lp) for t, lp in zip(tr, lr, strict=True))
-        for tr, lr in zip(target, log_probs, strict=True)
-    ]
-    np.testing.assert_allclose(c51.cross_entropies(target, log_probs).double().numpy(), entropies, rtol=1e-5)
-    weighted = sum(float(w) * e for w, e in zip(weights, entropies, strict=True)) / 32
-    assert c51.cross_entropy(target, log_probs, weights).item() == pytest.approx(weighted, rel=1e-5)
-    assert c51.cross_entropy(target, log_probs).item() == pytest.approx(sum(entropies) / 32, rel=1e-5)
+def check_plain_layers(module) -> bool:
+    """--no-noisy gives plain layers, whose output a new noise draw leaves alone"""
+    torch.manual_seed(0)
+    net = module.QNetwork(3, 5, -1.0, 1.0, noisy=False)
+    obs = frames(2, 3)
+    with torch.no_grad():
+        before = net(obs)
+        module.reset_noise(net)
+        return torch.equal(before, net(obs))
+
+
+def check_plain_head(module) -> bool:
+    """--no-dueling gives one layer's logits, log-softmaxed over the atoms"""
+    torch.manual_seed(0)
+    net = module.QNetwork(3, 5, -1.0, 1.0, dueling=False, noisy=False)
+    obs = frames(2, 3)
+    with torch.no_grad():
+        got = net.log_distribution(obs).double().numpy()
+        features = net.encoder(obs).double().tolist()
+    logits = [[row[a * 5 : (a + 1) * 5] for a in range(3)] for row in naive_linear(net.advantage, features)]
+    return np.allclose(got, [[naive_log_softmax(x) for x in rows] for rows in logits], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
     "bug,original,planted,check",
     [
-        (
-            "one-step discount",
-            "data.rewards + data.discounts * target_max",
-            "data.rewards + gamma * target_max",
-            check_n_step,
-        ),
-        (
-            "unweighted loss",
-            "(weights * (td_target - old_val) ** 2).mean()",
-            "((td_target - old_val) ** 2).mean()",
-            check_weighted_loss,
-        ),
-        ("dueling without the mean", " - advantage.mean(dim=1, keepdim=True)", "", check_dueling),
+        ("one-step discount", "data.rewards, data.discounts, target_network.atoms", "data.rewards, 0.9 * (1 - data.dones), target_network.atoms", check_n_step),
+        ("unweighted loss", "(data.weights * losses).mean() if", "losses.mean() if", check_weighted_loss),
+        ("noisy whatever the flag", "partial(NoisyLinear, sigma_0=noisy_sigma) if noisy else nn.Linear", "partial(NoisyLinear, sigma_0=noisy_sigma)", check_plain_layers),
+        ("dueling whatever the flag", "linear(512, n_atoms) if dueling else None", "linear(512, n_atoms)", check_plain_head),
     ],
-)
+)  # fmt: skip
 def test_the_naive_comparisons_catch_a_planted_bug(bug, original, planted, check, tmp_path):
-    source = (ALGOS / "dqn.py").read_text()
+    source = (ALGOS / "rainbow.py").read_text()
     assert source.count(original) == 1
-    broken_path = tmp_path / "broken_dqn.py"
+    broken_path = tmp_path / "broken_rainbow.py"
     broken_path.write_text(source.replace(original, planted))
-    assert check(SCRIPTS["dqn"]), f"{bug}: the right script fails its check"
+    assert check(rainbow), f"{bug}: the right script fails its check"
     assert not check(load_algorithm(broken_path)), f"{bug} went unnoticed"
 
 
-# ---------------------------------------------------------------- 5. all four flags learn; the saved model
+# ---------------------------------------------------------------- 5. each ablation end to end; the saved model
 
-
-# FAST_LEARNING with fewer updates (250): seeds 1 to 5 all reached the optimum, for dqn (also with 150 updates) and
-# for c51. The 3-step return stops at the two-step episodes' end, so the cue's target is the reward that follows.
-ALL_FLAGS = ["--n-step", "3", "--prioritized", "--dueling", "--noisy"]
+# FAST_LEARNING with fewer updates (250) on the contextual bandit; one part off at a time. --no-noisy explores
+# epsilon-greedy, 1 -> 0.01 over the first half of the run (FAST_LEARNING's --exploration-fraction 0.5).
+ABLATIONS = {"n-step-1": ["--n-step", "1"], "no-prioritized": ["--no-prioritized"], "no-dueling": ["--no-dueling"],
+             "no-noisy": ["--no-noisy"]}  # fmt: skip
 STEPS = ["--total-timesteps", "1000", "--learning-starts", "500", "--train-frequency", "2", "--save-model"]
 
 
-@pytest.fixture(scope="module", params=["dqn", "c51"])
-def all_flags_run(request, tmp_path_factory) -> tuple[str, str, Path]:
+@pytest.fixture(scope="module", params=list(ABLATIONS))
+def ablation_run(request, tmp_path_factory) -> tuple[str, str, Path]:
     name = request.param
-    tmp_path = tmp_path_factory.mktemp(f"{name}_all_flags")
-    command = [str(ALGOS / f"{name}.py"), "--env-id", "tests.toy_envs:DelayedImage-v0", "--run-dir", str(tmp_path)]
-    done = run_python(*command, *FAST_LEARNING, *STEPS, *ALL_FLAGS, timeout=600)
+    tmp_path = tmp_path_factory.mktemp(f"rainbow_{name}")
+    command = [str(ALGOS / "rainbow.py"), "--env-id", "tests.toy_envs:ImageBandit-v0", "--run-dir", str(tmp_path)]
+    done = run_python(*command, *FAST_LEARNING, *STEPS, *ABLATIONS[name], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     [run_dir] = tmp_path.iterdir()
     return name, done.stdout, run_dir
 
 
-def test_every_flag_on_reaches_the_optimum_with_sane_values(all_flags_run):
-    name, stdout, run_dir = all_flags_run
-    [q_value] = [float(v) for v in re.findall(r"^TRAIN_METRICS .* q_values=(\S+)", stdout, re.M)]
-    mean = json.loads((run_dir / "evaluations.json").read_text())[-1]["mean"]
-    assert mean >= 0.95, f"{name} with {ALL_FLAGS} on DelayedImage-v0: evaluation mean {mean}, optimum 1, random 0.5"
-    assert 0.0 < q_value < 1.3, f"{name}: mean Q {q_value}, true values lie in [0, 1]"
+def test_each_ablation_runs_end_to_end_and_learns(ablation_run):
+    name, stdout, run_dir = ablation_run
     receipt = json.loads((run_dir / "receipt.json").read_text())
     args = receipt["args"]
-    assert (args["n_step"], args["prioritized"], args["dueling"], args["noisy"]) == (3, True, True, True)
-    assert receipt["counts"]["gradient_updates"] == 250
+    expected = {"n-step-1": (1, True, True, True), "no-prioritized": (3, False, True, True),
+                "no-dueling": (3, True, False, True), "no-noisy": (3, True, True, False)}[name]  # fmt: skip
+    assert (args["n_step"], args["prioritized"], args["dueling"], args["noisy"]) == expected
+    assert receipt["status"] == "finished" and receipt["counts"]["gradient_updates"] == 250
+    [line] = re.findall(r"^TRAIN_METRICS .*$", stdout, re.M)
+    keys = re.findall(r" (\w+)=", line)
+    assert keys == ["step", "td_loss", "q_values"] + ["beta"] * args["prioritized"] + ["noisy_sigma"] * args["noisy"]
+    q_value = float(re.search(r" q_values=(\S+)", line).group(1))
+    assert 0.0 < q_value < 1.3, f"rainbow --{name}: mean Q {q_value}, true values lie in [0, 1]"
+    mean = json.loads((run_dir / "evaluations.json").read_text())[-1]["mean"]
+    assert mean >= 0.95, f"rainbow --{name} on ImageBandit-v0: evaluation mean {mean}, optimum 1, random 0.5"
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    epsilons = [e.value for e in events.Scalars("charts/epsilon")]
+    if name == "no-noisy":  # epsilon-greedy explores instead: DQN's schedule from 1 to 0.01
+        assert (args["start_e"], args["end_e"]) == (1.0, 0.01)
+        assert epsilons[0] > 0.5 and epsilons[-1] == pytest.approx(0.01)
+    else:  # the noisy layers explore
+        assert (args["start_e"], args["end_e"]) == (0.0, 0.0) and set(epsilons) == {0.0}
 
 
-def test_saved_dueling_noisy_model_reevaluates(all_flags_run):
-    """evaluation rebuilds the dueling, noisy network from the saved settings and plays with its mean weights"""
-    name, _, run_dir = all_flags_run
-    model = run_dir / f"{name}.cleanrl_model"
+def test_each_ablation_saved_model_reevaluates(ablation_run):
+    """evaluation rebuilds the network from the saved settings (which parts it has) and plays with its means"""
+    name, _, run_dir = ablation_run
+    model = run_dir / "rainbow.cleanrl_model"
     saved = torch.load(model, map_location="cpu", weights_only=True)
-    assert {"dueling": True, "noisy": True, "noisy_sigma": 0.5}.items() <= saved["network_kwargs"].items()
-    assert {"value.weight_mu", "value.weight_sigma", "head.weight_mu"} <= set(saved["state_dict"])
+    kwargs = saved["network_kwargs"]
+    assert (kwargs["dueling"], kwargs["noisy"]) == (name != "no-dueling", name != "no-noisy")
+    keys = set(saved["state_dict"])
+    assert ("value.weight_mu" in keys or "value.weight" in keys) == kwargs["dueling"]
+    assert any(k.endswith("_sigma") for k in keys) == kwargs["noisy"]
     done = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "10", "--epsilon", "0", "--json")
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout)
-    assert result["mean"] == 1.0, result  # the trained policy's optimum, as in the run's own evaluation
+    assert json.loads(done.stdout)["mean"] == 1.0  # the trained policy's optimum, as in the run's own evaluation
 
 
-# ---------------------------------------------------------------- 6. bad input for the new flags
+# ---------------------------------------------------------------- 6. bad input
 
 
 @pytest.mark.parametrize(
-    "script,flags,words",
+    "flags,words",
     [
-        ("dqn", "--n-step 0", ["--n-step 0", "positive"]),
-        ("double_dqn", "--prioritized-alpha -1", ["--prioritized-alpha -1.0", ">= 0"]),
-        ("dqn", "--prioritized-beta 1.5", ["--prioritized-beta 1.5", "[0, 1]"]),
-        ("c51", "--prioritized-eps 0", ["--prioritized-eps 0.0", "> 0"]),
-        ("double_dqn", "--noisy-sigma nan", ["--noisy-sigma nan"]),
-        ("c51", "--n-step 70 --buffer-size 64 --learning-starts 32", ["--n-step 70", "--buffer-size 64", "75"]),
+        ("--no-noisy --start-e 0.1 --end-e 0.5", ["--start-e 0.1", "--end-e 0.5"]),
+        ("--no-prioritized --n-step 70 --buffer-size 64 --learning-starts 32", ["--n-step 70", "--buffer-size 64", "75"]),
     ],
-)
-def test_bad_flag_stops_early_with_a_message(script, flags, words, tmp_path):
-    done = run_script(script, *flags.split(), timeout=120, tmp_path=tmp_path)
+)  # fmt: skip
+def test_bad_flag_with_an_ablation_stops_early_with_a_message(flags, words, tmp_path):
+    done = run_script("rainbow", *flags.split(), timeout=120, tmp_path=tmp_path)
     assert done.returncode != 0, done.stdout
     assert "Traceback" not in done.stderr, done.stderr
     for word in words:

@@ -1,11 +1,17 @@
-"""The fast update computes what the eager update computes: same loss, metrics, gradients and new
-parameters on the same batch, to float tolerance, for every algorithm's loss (each script's own
-``compute_loss``, which its loop runs through ``cleanrl_utils.fast``)."""
+"""The scripts' update and their --fast lines, taken from each script's own source and run as they stand on its
+own networks and loss: the fast lines (Adam's fused kernel; channels-last networks on CPU) give the plain
+update's loss, metrics, gradients and new parameters to float tolerance, for every script; the visible
+``--on-nonfinite skip`` test skips the optimizer step on a non-finite loss; a fused Adam loaded from a checkpoint
+continues as the uninterrupted one. (benchmarks/fast_update.py, the variants kept for measurement, is tested in
+tests/test_bench_fast_update.py.)"""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import ast
+import inspect
+import textwrap
+from collections import Counter
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,27 +19,45 @@ import torch
 from conftest import REPO
 
 from cleanrl_utils.buffer import ReplayBatch
-from cleanrl_utils.fast import FastSettings, Update, to_channels_last, use_fused_optimizer
+from cleanrl_utils.evaluation import load_algorithm
 from cleanrl_utils.prioritized import PrioritizedReplayBatch
 
 ALGOS = ["dqn", "double_dqn", "c51", "qrdqn", "mdqn", "nc_qrdqn", "iqn", "rainbow"]
 N_ACTIONS, BATCH = 4, 32
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 
 
-def throughput():
-    spec = importlib.util.spec_from_file_location("throughput", REPO / "benchmarks" / "throughput.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["throughput"] = module  # torch.compile finds the losses' globals by module name
-    spec.loader.exec_module(module)
-    return module
+# ---------------------------------------------------------------- the scripts' own lines
 
 
-@pytest.fixture(scope="module")
-def bench():
-    return throughput()
+def main_block(source: str) -> ast.If:
+    tree = ast.parse(source)
+    return next(node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test))
 
 
-def make_batch(device: str, seed: int = 0, algo: str = "dqn") -> ReplayBatch:
+def script_lines(algo: str) -> tuple[str, str]:
+    """(the fast lines with the optimizer, the update) as they stand in algos/ALGO.py: from the channels-last
+    ``if`` through ``optimizer = optim.Adam(...)``; from the ``compute_loss`` call through ``optimizer.step()``"""
+    source = (REPO / "algos" / f"{algo}.py").read_text()
+    main = main_block(source)
+    body = main.body
+    first = next(i for i, s in enumerate(body) if isinstance(s, ast.If) and "args.fast" in ast.unparse(s.test))
+    last = next(i for i, s in enumerate(body) if isinstance(s, ast.Assign) and "optim.Adam(" in ast.unparse(s))
+    setup = "\n".join(ast.get_source_segment(source, s) for s in body[first : last + 1])
+    learning = next(
+        node
+        for node in ast.walk(main)
+        if isinstance(node, ast.With) and ast.unparse(node.items[0].context_expr) == "run.timed('learning')"
+    )
+    steps = learning.body
+    first = next(i for i, s in enumerate(steps) if isinstance(s, ast.Assign) and "compute_loss(" in ast.unparse(s))
+    last = next(i for i, s in enumerate(steps) if ast.unparse(s) == "optimizer.step()")
+    update = "\n".join(textwrap.dedent(ast.get_source_segment(source, s)) for s in steps[first : last + 1])
+    return setup, update
+
+
+def make_batch(device: str, algo: str, seed: int = 0) -> ReplayBatch:
     """Frames with structure (not uniform noise), rewards in {-1, 0, 1}, some terminals; for Rainbow also
     importance-sampling weights and indices, as its prioritized buffer gives."""
     rng = np.random.default_rng(seed)
@@ -58,165 +82,120 @@ def make_batch(device: str, seed: int = 0, algo: str = "dqn") -> ReplayBatch:
     return PrioritizedReplayBatch(**batch._asdict(), weights=tensor(weights), indices=np.arange(BATCH))
 
 
-def one_update(bench, algo: str, settings: FastSettings, batch: ReplayBatch, device: str, cat: bool = False):
-    """(outputs, gradients, new parameters) of one update from the same initial networks (seed 0)."""
-    module = bench.load_script(algo)
-    args = module.Args()
-    q_network, target_network, optimizer = bench.make_networks(module, algo, N_ACTIONS, args, torch.device(device))
-    with torch.no_grad():  # a target network that differs from the online one, as after some learning
-        for p in target_network.parameters():
-            p.mul_(0.9)
-    loss_fn = bench.make_loss(algo, module, q_network, target_network, args, cat=cat)
-    if settings.channels_last:
-        to_channels_last(q_network, target_network)
-    if settings.fused:
-        assert use_fused_optimizer(optimizer)
-    update = Update(
-        loss_fn,
-        optimizer,
-        compile=settings.compile,
-        cuda_graph=settings.cuda_graph,
-        channels_last=settings.channels_last,
-    )
-    outputs = update(batch)
-    if settings.cuda_graph:  # the first call captured the graph: a second replay must give the same again
-        outputs = update(batch)
-        torch.cuda.synchronize()
-    grads = [p.grad.detach().clone() for p in q_network.parameters()]
-    params = [p.detach().clone() for p in q_network.parameters()]
-    if settings.cuda_graph:  # the second call took a second step: compare with two eager steps
-        return outputs, grads, params, 2
-    return outputs, grads, params, 1
+class Script:
+    """One script's networks (seed 0, the target network a little off the online one, as after some learning),
+    set up by the script's own fast lines with ``--fast`` or ``--no-fast``, and its update run as it stands."""
+
+    def __init__(self, algo: str, fast: bool, device: str, on_nonfinite: str = "stop"):
+        self.module = load_algorithm(REPO / "algos" / f"{algo}.py")
+        args = self.module.Args()
+        args.fast, args.on_nonfinite = fast, on_nonfinite
+        names = list(inspect.signature(self.module.QNetwork).parameters)[1:]
+        kwargs = {name: getattr(args, name) for name in names if hasattr(args, name)}
+        torch.manual_seed(0)
+        q_network = self.module.QNetwork(N_ACTIONS, **kwargs).to(device)
+        target_network = self.module.QNetwork(N_ACTIONS, **kwargs).to(device)
+        target_network.load_state_dict(q_network.state_dict())
+        with torch.no_grad():
+            for p in target_network.parameters():
+                p.mul_(0.9)
+        setup, self.update_code = script_lines(algo)
+        self.namespace = dict(
+            torch=torch, optim=torch.optim, args=args, device=torch.device(device), q_network=q_network,
+            target_network=target_network, compute_loss=self.module.compute_loss, run=SimpleNamespace(counts=Counter()),
+        )  # fmt: skip
+        exec(setup, self.namespace)
+        self.q_network, self.optimizer = q_network, self.namespace["optimizer"]
+        # `continue` (the skip) needs a loop around the update, as in the script
+        self.update = compile("for _ in range(1):\n" + textwrap.indent(self.update_code, "    "), algo, "exec")
+
+    def step(self, data):
+        self.namespace["data"] = data
+        self.namespace.pop("loss", None)
+        torch.manual_seed(1)  # IQN samples its fractions in the loss: the same draws for both variants
+        exec(self.update, self.namespace)
+        grads = [p.grad.detach().clone() for p in self.q_network.parameters()]
+        params = [p.detach().clone() for p in self.q_network.parameters()]
+        return self.namespace["loss"].detach(), self.namespace["metrics"], grads, params
 
 
-def tensors(outputs) -> list[torch.Tensor]:
-    """The loss's outputs (loss, metrics dict, per-transition tensors) as one flat list, in order."""
-    if isinstance(outputs, torch.Tensor):
-        return [outputs]
-    items = outputs.values() if isinstance(outputs, dict) else outputs
-    return [t for item in items for t in tensors(item)]
+def assert_same(plain, fast, rtol=1e-4, atol=1e-5):
+    (p_loss, p_metrics, p_grads, p_params), (f_loss, f_metrics, f_grads, f_params) = plain, fast
+    assert p_metrics.keys() == f_metrics.keys() and len(p_metrics) >= 2
+    torch.testing.assert_close(f_loss.cpu(), p_loss.cpu(), rtol=rtol, atol=atol)
+    for key in p_metrics:
+        torch.testing.assert_close(torch.as_tensor(f_metrics[key]).cpu(), torch.as_tensor(p_metrics[key]).cpu(),
+                                   rtol=rtol, atol=atol)  # fmt: skip
+    for p, f in zip(p_grads + p_params, f_grads + f_params, strict=True):
+        torch.testing.assert_close(f.cpu(), p.cpu(), rtol=rtol, atol=atol)
 
 
-def assert_same(eager, fast, rtol=1e-4, atol=1e-5):
-    (e_out, e_grads, e_params), (f_out, f_grads, f_params) = eager, fast
-    assert len(tensors(e_out)) >= 3  # the loss and at least two metrics
-    for e, f in zip(tensors(e_out), tensors(f_out), strict=True):
-        torch.testing.assert_close(f.cpu(), e.cpu(), rtol=rtol, atol=atol)
-    for e, f in zip(e_grads, f_grads, strict=True):
-        torch.testing.assert_close(f.cpu(), e.cpu(), rtol=rtol, atol=atol)
-    for e, f in zip(e_params, f_params, strict=True):
-        torch.testing.assert_close(f.cpu(), e.cpu(), rtol=rtol, atol=atol)
+# ---------------------------------------------------------------- the fast lines against the plain update
 
 
-def eager_steps(bench, algo, batch, device, steps):
-    result = None
-    module = bench.load_script(algo)
-    args = module.Args()
-    q_network, target_network, optimizer = bench.make_networks(module, algo, N_ACTIONS, args, torch.device(device))
-    with torch.no_grad():
-        for p in target_network.parameters():
-            p.mul_(0.9)
-    update = Update(bench.make_loss(algo, module, q_network, target_network, args), optimizer)
-    for _ in range(steps):
-        result = update(batch)
-    grads = [p.grad.detach().clone() for p in q_network.parameters()]
-    return result, grads, [p.detach().clone() for p in q_network.parameters()]
-
-
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("algo", ALGOS)
-def test_fast_update_on_cpu_matches_the_eager_update(bench, algo):
-    batch = make_batch("cpu", algo=algo)
-    *eager, _ = one_update(bench, algo, FastSettings(), batch, "cpu")
-    *fast, _ = one_update(bench, algo, FastSettings.for_device("cpu"), batch, "cpu")
-    assert_same(eager, fast)
-    assert eager[0][0].item() > 0 and all(g.abs().sum() > 0 for g in eager[1])  # a real loss, real gradients
+def test_the_scripts_fast_lines_give_the_plain_update(algo, device):
+    if device == "cuda":  # cuDNN may pick other convolution algorithms: a looser tolerance, no TF32
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    batch = make_batch(device, algo)
+    plain, fast = Script(algo, False, device), Script(algo, True, device)
+    # what --fast turned on: the fused kernel on CPU and CUDA, channels-last weights on CPU only
+    assert fast.optimizer.defaults["fused"] is True and not plain.optimizer.defaults["fused"]
+    convolutions = [p for p in fast.q_network.parameters() if p.dim() == 4]
+    assert all(w.is_contiguous(memory_format=torch.channels_last) == (device == "cpu") for w in convolutions)
+    tolerance = {} if device == "cpu" else dict(rtol=1e-3, atol=1e-4)
+    for _ in range(2):  # two updates: the second from the first's new parameters and Adam's state
+        expected, got = plain.step(batch), fast.step(batch)
+        assert_same(expected, got, **tolerance)
+    assert expected[0].item() > 0 and all(g.abs().sum() > 0 for g in expected[2])  # a real loss, real gradients
 
 
-@pytest.mark.parametrize("algo", ["double_dqn", "mdqn"])
-def test_one_forward_over_observations_and_next_observations_matches_two(bench, algo):
-    batch = make_batch("cpu")
-    *two, _ = one_update(bench, algo, FastSettings(), batch, "cpu")
-    *one, _ = one_update(bench, algo, FastSettings(), batch, "cpu", cat=True)
-    assert_same(two, one)
-
-
-def test_the_comparison_catches_a_different_batch(bench):
+def test_the_comparison_catches_a_different_batch():
     """The tolerance is tight enough: one changed action gives a different update."""
-    batch = make_batch("cpu")
+    batch = make_batch("cpu", "dqn")
     changed = batch._replace(actions=batch.actions.clone())
     changed.actions[0] = (changed.actions[0] + 1) % N_ACTIONS
-    *eager, _ = one_update(bench, "dqn", FastSettings(), batch, "cpu")
-    *fast, _ = one_update(bench, "dqn", FastSettings.for_device("cpu"), changed, "cpu")
+    expected = Script("dqn", False, "cpu").step(batch)
+    got = Script("dqn", True, "cpu").step(changed)
     with pytest.raises(AssertionError):
-        assert_same(eager, fast)
+        assert_same(expected, got)
 
 
-def test_fused_optimizer_continues_a_started_adam_state():
-    """A resumed run switches to the fused kernel with Adam's state already there: same steps as before."""
-    torch.manual_seed(0)
-    params = [torch.randn(64, 32, requires_grad=True), torch.randn(32, requires_grad=True)]
-    twin = [p.detach().clone().requires_grad_(True) for p in params]
-    opt_a, opt_b = torch.optim.Adam(params, lr=1e-2), torch.optim.Adam(twin, lr=1e-2)
-    for step in range(6):
-        if step == 3:
-            assert use_fused_optimizer(opt_b)
-        for group, opt in ((params, opt_a), (twin, opt_b)):
-            opt.zero_grad()
-            (group[0].sin().sum() + (group[1] ** 2).sum()).backward()
-            opt.step()
-    for a, b in zip(params, twin, strict=True):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
-
-
-def test_a_nonfinite_loss_skips_the_step_when_asked():
-    weight = torch.nn.Parameter(torch.ones(3))
-    optimizer = torch.optim.Adam([weight], lr=0.1)
-    update = Update(lambda x: ((weight * x).sum(),), optimizer, skip_nonfinite=True)
-    update(torch.tensor([float("nan"), 1.0, 1.0]))
-    assert update.skipped == 1 and torch.equal(weight.detach(), torch.ones(3))
-    update(torch.ones(3))
-    assert update.skipped == 1 and not torch.equal(weight.detach(), torch.ones(3))
-
-
-def test_cuda_graph_without_cuda_or_with_skipping_is_refused():
-    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.ones(1))])
-    with pytest.raises(ValueError, match="non-finite"):
-        Update(lambda x: x, optimizer, cuda_graph=True, skip_nonfinite=True)
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="CUDA"):
-            Update(lambda x: x, optimizer, cuda_graph=True)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("algo", ["dqn", "c51"])
-def test_compiled_update_matches_the_eager_update(bench, algo):
-    """torch.compile (Inductor): compiling takes about a minute on a cold cache, hence slow."""
-    batch = make_batch("cpu")
-    *eager, _ = one_update(bench, algo, FastSettings(), batch, "cpu")
-    *fast, _ = one_update(bench, algo, FastSettings(channels_last=True, compile=True, fused=True), batch, "cpu")
-    assert_same(eager, fast)
-
-
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-@needs_cuda
 @pytest.mark.parametrize("algo", ALGOS)
-@pytest.mark.parametrize("settings", ["cuda", "channels_last,fused,cuda_graph"])
-def test_fast_update_on_cuda_matches_the_eager_update(bench, algo, settings):
-    """On the GPU: the settings FastSettings.for_device picks (a CUDA graph), replayed twice, against two
-    eager steps; cuDNN's convolutions may pick other algorithms, so the tolerance is looser than on CPU."""
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    chosen = (
-        FastSettings.for_device("cuda") if settings == "cuda" else bench.parse_settings(settings, torch.device("cuda"))
-    )
-    batch = make_batch("cuda", algo=algo)
-    *fast, steps = one_update(bench, algo, chosen, batch, "cuda")
-    eager = eager_steps(bench, algo, batch, "cuda", steps)
-    assert_same(eager, fast, rtol=1e-3, atol=1e-4)
+def test_on_nonfinite_skip_skips_the_optimizer_step(algo):
+    """a NaN reward makes the loss NaN: with --on-nonfinite skip the step is skipped and counted; the next,
+    finite batch steps as usual"""
+    script = Script(algo, True, "cpu", on_nonfinite="skip")
+    before = [p.detach().clone() for p in script.q_network.parameters()]
+    batch = make_batch("cpu", algo)
+    poisoned = batch._replace(rewards=batch.rewards.clone())
+    poisoned.rewards[3] = float("nan")
+    script.namespace["data"] = poisoned
+    exec(script.update, script.namespace)
+    assert not torch.isfinite(script.namespace["loss"])
+    assert script.namespace["run"].counts["skipped_updates"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, script.q_network.parameters(), strict=True))
+    script.step(batch)
+    assert script.namespace["run"].counts["skipped_updates"] == 1
+    assert not all(torch.equal(a, b) for a, b in zip(before, script.q_network.parameters(), strict=True))
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
+def test_a_fused_adam_resumed_from_its_state_continues_as_the_uninterrupted_one():
+    """what a checkpoint does: the optimizer's state saved after two updates and loaded into a fresh one made by
+    the script's own line; the third update is the uninterrupted run's"""
+    batches = [make_batch("cpu", "dqn", seed) for seed in range(3)]
+    whole = Script("dqn", True, "cpu")
+    for batch in batches:
+        expected = whole.step(batch)
+    first = Script("dqn", True, "cpu")
+    for batch in batches[:2]:
+        first.step(batch)
+    resumed = Script("dqn", True, "cpu")
+    resumed.q_network.load_state_dict(first.q_network.state_dict())
+    resumed.namespace["target_network"].load_state_dict(first.namespace["target_network"].state_dict())
+    resumed.optimizer.load_state_dict(first.optimizer.state_dict())
+    assert resumed.optimizer.param_groups[0]["fused"] is True
+    assert_same(expected, resumed.step(batches[2]), rtol=1e-5, atol=1e-6)

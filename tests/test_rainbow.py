@@ -137,7 +137,7 @@ def test_projection_and_cross_entropy_match_naive_loops(n, v_min, v_max):
     np.testing.assert_allclose(got.double().numpy(), expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got.sum(dim=1).numpy(), 1.0, atol=1e-5)
     log_probs = torch.log_softmax(torch.randn(batch, n, generator=g), dim=1)
-    losses = rainbow.cross_entropy(got, log_probs)
+    losses = rainbow.per_sample_cross_entropy(got, log_probs)
     assert losses.shape == (batch,)  # per transition: the loss and the priority
     np.testing.assert_allclose(
         losses.double().numpy(), naive_cross_entropies(expected, log_probs.double().tolist()), rtol=1e-5
@@ -250,7 +250,9 @@ def test_defaults_are_the_papers():
     assert (args.learning_rate, args.adam_eps) == (6.25e-5, 1.5e-4)
     assert (args.prioritized_alpha, args.prioritized_beta, args.noisy_sigma) == (0.5, 0.4, 0.5)
     assert (args.target_network_frequency, args.learning_starts, args.buffer_size) == (8_000, 20_000, 1_000_000)
-    assert (args.start_e, args.end_e, args.batch_size, args.train_frequency) == (0.0, 0.0, 32, 4)
+    assert (args.batch_size, args.train_frequency) == (32, 4)
+    assert (args.n_step, args.prioritized, args.dueling, args.noisy) == (3, True, True, True)  # every part on
+    assert (args.start_e, args.end_e) == (None, None)  # resolved at start: 0 with noisy layers (the receipts)
 
 
 # ---------------------------------------------------------------- 2. learning on a toy task
@@ -321,6 +323,7 @@ def test_breakout_run_leaves_the_standard_outputs(breakout):
     assert receipt["counts"]["env_steps"] == 1100
     assert receipt["counts"]["gradient_updates"] == (1100 - 900) // 4
     assert receipt["args"]["n_step"] == 3 and receipt["args"]["learning_rate"] == 6.25e-5
+    assert (receipt["args"]["start_e"], receipt["args"]["end_e"]) == (0.0, 0.0)  # the noisy layers explore
     [evaluation] = json.loads((run / "evaluations.json").read_text())
     assert evaluation["final"] and evaluation["step"] == 1100 and len(evaluation["episodic_returns"]) == 1
     forced = 14 * len(evaluation["episodic_lengths"])  # Breakout: FIRE, 2 at the start; NOOP, FIRE, 2 per life lost
@@ -331,7 +334,9 @@ def test_breakout_saved_model_evaluates(breakout):
     """evaluation rebuilds the network from the saved settings (noisy sigma included) in evaluation mode"""
     model = breakout[1] / "rainbow.cleanrl_model"
     saved = torch.load(model, map_location="cpu", weights_only=True)
-    assert saved["network_kwargs"] == {"n_atoms": 51, "v_min": -10.0, "v_max": 10.0, "noisy_sigma": 0.5}
+    assert saved["network_kwargs"] == {
+        "n_atoms": 51, "v_min": -10.0, "v_max": 10.0, "noisy_sigma": 0.5, "dueling": True, "noisy": True
+    }  # fmt: skip
     done = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "1", "--epsilon", "0.05")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Eval episodic_return:" in done.stdout
@@ -346,6 +351,8 @@ def test_breakout_saved_model_evaluates(breakout):
         ("--n-step 0", ["--n-step 0", "positive"]),
         ("--prioritized-alpha -1", ["--prioritized-alpha -1.0", ">= 0"]),
         ("--prioritized-beta 1.5", ["--prioritized-beta 1.5", "[0, 1]"]),
+        ("--prioritized-eps 0", ["--prioritized-eps 0.0", "> 0"]),
+        ("--adam-eps 0", ["--adam-eps 0.0", "> 0", "default: 0.00015"]),
         ("--noisy-sigma nan", ["--noisy-sigma nan"]),
         ("--n-step 70 --buffer-size 64 --learning-starts 32", ["--n-step 70", "--buffer-size 64", "75"]),
     ],
