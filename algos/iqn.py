@@ -151,13 +151,14 @@ def compute_target_quantiles(target_network, data, gamma: float, n_target: int, 
 
 
 def quantile_huber_loss(quantiles, taus, target_quantiles, kappa: float):
-    """Dabney et al. (2018, eq. 3): rho(u) = |tau_i - 1{u < 0}| * L_kappa(u) / kappa, u = T_j - Z_tau_i, with the
-    Huber loss L_kappa(u) = u^2 / 2 if |u| <= kappa else kappa * (|u| - kappa / 2), at the sampled fractions
-    tau_i; summed over the online quantiles i, averaged over the target quantiles j and the batch.
-    quantiles and taus (batch, N), target_quantiles (batch, N') -> scalar"""
+    """The quantile Huber loss of Dabney et al. (QR-DQN, AAAI 2018, eq. 10; IQN, ICML 2018, eq. 3):
+    rho(u) = |tau_i - 1{u < 0}| * L_kappa(u) / kappa, u = T_j - theta_i, with the Huber loss L_kappa(u) = u^2 / 2
+    if |u| <= kappa else kappa * (|u| - kappa / 2), at the quantile fractions tau_i; summed over the online
+    quantiles i, averaged over the target quantiles j and the batch. quantiles (batch, N), taus (batch, N) or (N,),
+    target_quantiles (batch, N') -> scalar"""
     u = target_quantiles.unsqueeze(1) - quantiles.unsqueeze(2)  # (batch, i, j)
     huber = torch.where(u.abs() <= kappa, 0.5 * u**2, kappa * (u.abs() - 0.5 * kappa))
-    weight = (taus.unsqueeze(2) - (u.detach() < 0).float()).abs()
+    weight = (taus.unsqueeze(-1) - (u.detach() < 0).float()).abs()
     return (weight * huber / kappa).sum(dim=1).mean()
 
 

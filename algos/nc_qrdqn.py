@@ -139,15 +139,22 @@ def quantile_td_target(next_quantiles, rewards, dones, gamma: float):
     return rewards.unsqueeze(1) + gamma * next_best * (1 - dones.unsqueeze(1))
 
 
-def quantile_huber_loss(quantiles, target_quantiles, kappa: float):
-    """Dabney et al. (2018): |tau_i - 1{u_ij < 0}| * huber_kappa(u_ij) / kappa, u_ij = target_j - quantile_i,
-    tau_i = (2i + 1) / (2N); summed over the quantiles i, averaged over the targets j and the batch"""
-    n = quantiles.shape[1]
-    taus = (torch.arange(n, device=quantiles.device, dtype=quantiles.dtype).view(1, -1, 1) + 0.5) / n
-    online, target = torch.broadcast_tensors(quantiles.unsqueeze(2), target_quantiles.unsqueeze(1))  # (B, N, N')
-    huber = F.huber_loss(online, target, reduction="none", delta=kappa)
-    weight = torch.where(target < online, 1 - taus, taus)  # |tau_i - 1{u_ij < 0}|
-    return (weight * huber).sum(dim=1).mean() / kappa
+def quantile_fractions(n: int, device=None):
+    """tau_i = (2i + 1) / (2N), i = 0..N-1: the midpoints of N equal slices of [0, 1], the fractions whose
+    quantiles the N outputs estimate (Dabney et al. 2018, lemma 2); (N,)"""
+    return (torch.arange(n, device=device) + 0.5) / n
+
+
+def quantile_huber_loss(quantiles, taus, target_quantiles, kappa: float):
+    """The quantile Huber loss of Dabney et al. (QR-DQN, AAAI 2018, eq. 10; IQN, ICML 2018, eq. 3):
+    rho(u) = |tau_i - 1{u < 0}| * L_kappa(u) / kappa, u = T_j - theta_i, with the Huber loss L_kappa(u) = u^2 / 2
+    if |u| <= kappa else kappa * (|u| - kappa / 2), at the quantile fractions tau_i; summed over the online
+    quantiles i, averaged over the target quantiles j and the batch. quantiles (batch, N), taus (batch, N) or (N,),
+    target_quantiles (batch, N') -> scalar"""
+    u = target_quantiles.unsqueeze(1) - quantiles.unsqueeze(2)  # (batch, i, j)
+    huber = torch.where(u.abs() <= kappa, 0.5 * u**2, kappa * (u.abs() - 0.5 * kappa))
+    weight = (taus.unsqueeze(-1) - (u.detach() < 0).float()).abs()
+    return (weight * huber / kappa).sum(dim=1).mean()
 
 
 def crossing_rate(quantiles):
@@ -162,7 +169,8 @@ def compute_loss(q_network, target_network, data, args):
         td_target = quantile_td_target(next_quantiles, data.rewards, data.dones, args.gamma)
     rows = torch.arange(len(data.actions), device=data.actions.device)
     quantiles = q_network.quantiles(data.observations)[rows, data.actions]  # the taken actions'
-    loss = quantile_huber_loss(quantiles, td_target, args.kappa)
+    taus = quantile_fractions(args.n_quantiles, quantiles.device)  # fixed, tau_i = (2i + 1) / (2N)
+    loss = quantile_huber_loss(quantiles, taus, td_target, args.kappa)
     return loss, {"td_loss": loss, "q_values": quantiles.mean(), "crossing_rate": crossing_rate(quantiles)}
 
 

@@ -100,7 +100,8 @@ class Args:
     n_quantiles: int = 200
     """the number of quantiles of the return distribution"""
     kappa: float = 1.0
-    """the threshold of the quantile Huber loss (quadratic below, linear above)"""
+    """the threshold of the quantile Huber loss (quadratic below, linear above); the loss is divided by it, as the
+    paper's (at kappa 1, sb3-contrib's loss)"""
 
 
 class QNetwork(nn.Module):
@@ -129,17 +130,22 @@ def compute_target_quantiles(target_network, data, gamma: float):
         return data.rewards.unsqueeze(1) + gamma * next_quantiles * (1 - data.dones.unsqueeze(1))
 
 
-def quantile_huber_loss(quantiles, target_quantiles, kappa: float):
-    """Dabney et al. (2017, eq. 10): rho(u) = |tau_i - 1{u < 0}| * L_kappa(u), u = T_j - theta_i, with the Huber
-    loss L_kappa(u) = u^2 / 2 if |u| <= kappa else kappa * (|u| - kappa / 2) and tau_i = (2i + 1) / (2N);
-    summed over the online quantiles i, averaged over the target quantiles j and the batch, as sb3-contrib's
-    quantile_huber_loss (whose kappa is 1). quantiles (batch, N), target_quantiles (batch, N') -> scalar"""
-    n = quantiles.shape[1]
-    taus = (2 * torch.arange(n, device=quantiles.device, dtype=quantiles.dtype) + 1) / (2 * n)
+def quantile_fractions(n: int, device=None):
+    """tau_i = (2i + 1) / (2N), i = 0..N-1: the midpoints of N equal slices of [0, 1], the fractions whose
+    quantiles the N outputs estimate (Dabney et al. 2018, lemma 2); (N,)"""
+    return (torch.arange(n, device=device) + 0.5) / n
+
+
+def quantile_huber_loss(quantiles, taus, target_quantiles, kappa: float):
+    """The quantile Huber loss of Dabney et al. (QR-DQN, AAAI 2018, eq. 10; IQN, ICML 2018, eq. 3):
+    rho(u) = |tau_i - 1{u < 0}| * L_kappa(u) / kappa, u = T_j - theta_i, with the Huber loss L_kappa(u) = u^2 / 2
+    if |u| <= kappa else kappa * (|u| - kappa / 2), at the quantile fractions tau_i; summed over the online
+    quantiles i, averaged over the target quantiles j and the batch. quantiles (batch, N), taus (batch, N) or (N,),
+    target_quantiles (batch, N') -> scalar"""
     u = target_quantiles.unsqueeze(1) - quantiles.unsqueeze(2)  # (batch, i, j)
     huber = torch.where(u.abs() <= kappa, 0.5 * u**2, kappa * (u.abs() - 0.5 * kappa))
-    weight = (taus.view(1, -1, 1) - (u.detach() < 0).float()).abs()
-    return (weight * huber).sum(dim=1).mean()
+    weight = (taus.unsqueeze(-1) - (u.detach() < 0).float()).abs()
+    return (weight * huber / kappa).sum(dim=1).mean()
 
 
 def crossing_rate(quantiles):
@@ -154,7 +160,8 @@ def compute_loss(q_network, target_network, data, args):
     target_quantiles = compute_target_quantiles(target_network, data, args.gamma)
     rows = torch.arange(len(data.actions), device=data.actions.device)
     quantiles = q_network.quantiles(data.observations)[rows, data.actions]  # the taken actions'
-    loss = quantile_huber_loss(quantiles, target_quantiles, args.kappa)
+    taus = quantile_fractions(args.n_quantiles, quantiles.device)  # fixed, tau_i = (2i + 1) / (2N)
+    loss = quantile_huber_loss(quantiles, taus, target_quantiles, args.kappa)
     old_val = quantiles.detach().mean(dim=1)  # Q(s, a)
     return loss, {"td_loss": loss, "q_values": old_val.mean(), "crossing_rate": crossing_rate(quantiles.detach())}
 

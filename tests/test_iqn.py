@@ -192,8 +192,8 @@ def check_target(module) -> bool:
     [
         (
             "tau weights flipped",
-            "(taus.unsqueeze(2) - (u.detach() < 0)",
-            "(1 - taus.unsqueeze(2) - (u.detach() < 0)",
+            "(taus.unsqueeze(-1) - (u.detach() < 0)",
+            "(1 - taus.unsqueeze(-1) - (u.detach() < 0)",
             check_loss,
         ),
         ("kappa not divided out", "weight * huber / kappa", "weight * huber", check_loss),

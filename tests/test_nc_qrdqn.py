@@ -70,7 +70,7 @@ def loss_batch(seed: int, n: int, n_target: int, batch: int = 8):
 @pytest.mark.parametrize(("n", "n_target"), [(12, 12), (9, 5), (200, 7)])
 def test_quantile_huber_loss_matches_naive_loops(nc, kappa, n, n_target):
     quantiles, targets = loss_batch(n + n_target, n, n_target)
-    loss = nc.quantile_huber_loss(quantiles, targets, kappa)
+    loss = nc.quantile_huber_loss(quantiles, nc.quantile_fractions(n), targets, kappa)
     loss.backward()
     expected, expected_grad = naive_loss_and_grad(quantiles.tolist(), targets.tolist(), kappa)
     assert loss.item() == pytest.approx(expected, rel=1e-5, abs=1e-7)
@@ -107,16 +107,18 @@ def test_target_matches_naive_loops(nc):
 @pytest.mark.parametrize(
     "bug,original,planted",
     [
-        ("asymmetry flipped", "target < online", "target > online"),
-        ("mean over the online quantiles instead of the sum", ".sum(dim=1).mean()", ".mean()"),
-        ("kappa left out of the Huber threshold", "delta=kappa", "delta=1.0"),
+        ("asymmetry flipped", "(u.detach() < 0)", "(u.detach() > 0)"),
+        ("mean over the online quantiles instead of the sum", "/ kappa).sum(dim=1).mean()", "/ kappa).mean()"),
+        ("kappa left out of the Huber threshold", "u.abs() <= kappa", "u.abs() <= 1.0"),
+        ("kappa not divided out", "weight * huber / kappa", "weight * huber"),
+        ("left edges i / N instead of midpoints", "+ 0.5) / n", "+ 0.0) / n"),
     ],
 )
 def test_a_planted_loss_bug_disagrees_with_the_naive_loops(bug, original, planted, tmp_path):
     broken = load_mutant(original, planted, tmp_path)
     quantiles, targets = loss_batch(0, 12, 12)
     expected, _ = naive_loss_and_grad(quantiles.tolist(), targets.tolist(), 2.5)
-    loss = broken.quantile_huber_loss(quantiles, targets, 2.5).item()
+    loss = broken.quantile_huber_loss(quantiles, broken.quantile_fractions(12), targets, 2.5).item()
     assert loss != pytest.approx(expected, rel=1e-5, abs=1e-7), f"{bug} went unnoticed"
 
 

@@ -25,9 +25,9 @@ qrdqn = load_algorithm(SCRIPT)
 
 
 def naive_quantile_huber(quantiles, targets, kappa: float) -> float:
-    """Dabney et al. (2017), eq. 10, one pair (online quantile i, target quantile j) at a time: the Huber
-    loss weighted by tau_i where the target lies above the quantile and by 1 - tau_i where it lies below;
-    summed over i, averaged over j and the batch."""
+    """Dabney et al. (2018), eq. 10, one pair (online quantile i, target quantile j) at a time: the Huber
+    loss divided by kappa, weighted by tau_i where the target lies above the quantile and by 1 - tau_i where it
+    lies below; summed over i, averaged over j and the batch."""
     total = 0.0
     for theta, target in zip(quantiles, targets, strict=True):
         n = len(theta)
@@ -37,7 +37,7 @@ def naive_quantile_huber(quantiles, targets, kappa: float) -> float:
                 u = float(t) - float(theta[i])
                 huber = 0.5 * u * u if abs(u) <= kappa else kappa * (abs(u) - 0.5 * kappa)
                 weight = 1.0 - tau if u < 0 else tau
-                total += weight * huber / len(target)
+                total += weight * huber / kappa / len(target)
     return total / len(quantiles)
 
 
@@ -63,22 +63,25 @@ def test_quantile_huber_loss_matches_naive_loops(kappa, n, n_target):
     u = targets.unsqueeze(1) - quantiles.unsqueeze(2)
     # both sides of kappa and both signs of u are exercised
     assert (u.abs() <= kappa).any() and (u.abs() > kappa).any() and (u < 0).any() and (u > 0).any()
-    got = qrdqn.quantile_huber_loss(quantiles, targets, kappa)
+    got = qrdqn.quantile_huber_loss(quantiles, qrdqn.quantile_fractions(n), targets, kappa)
     expected = naive_quantile_huber(quantiles.double().tolist(), targets.double().tolist(), kappa)
     assert got.item() == pytest.approx(expected, rel=1e-5)
 
 
 def test_quantile_huber_loss_hand_cases():
-    """N = 2 (tau 1/4, 3/4), one target quantile, kappa 1."""
-    loss = qrdqn.quantile_huber_loss
+    """N = 2 (tau 1/4, 3/4), one target quantile, kappa 1 (and 2 once)."""
+
+    def loss(quantiles, target, kappa):
+        return qrdqn.quantile_huber_loss(quantiles, qrdqn.quantile_fractions(2), target, kappa)
+
     target = torch.tensor([[0.0]])
     # u = 0 - (-0.5) = 0.5 above theta_0 (weight 1/4), u = 0 - 0.5 below theta_1 (weight 1/4): 2 * 1/4 * 0.125
     assert loss(torch.tensor([[-0.5, 0.5]]), target, 1.0).item() == pytest.approx(0.0625)
     # u = 3 for both (linear side: 3 - 0.5 = 2.5): 1/4 * 2.5 + 3/4 * 2.5
     assert loss(torch.tensor([[-3.0, -3.0]]), target, 1.0).item() == pytest.approx(2.5)
-    # u = -3 for both: 3/4 * 2.5 + 1/4 * 2.5; kappa 2: 2 * (3 - 1) = 4 on the linear side
+    # u = -3 for both: 3/4 * 2.5 + 1/4 * 2.5; kappa 2: 2 * (3 - 1) = 4 on the linear side, divided by kappa 2
     assert loss(torch.tensor([[3.0, 3.0]]), target, 1.0).item() == pytest.approx(2.5)
-    assert loss(torch.tensor([[3.0, 3.0]]), target, 2.0).item() == pytest.approx(4.0)
+    assert loss(torch.tensor([[3.0, 3.0]]), target, 2.0).item() == pytest.approx(2.0)
     # the asymmetry: a target below the low quantile costs 3/4, above it 1/4
     assert loss(torch.tensor([[0.5, 0.0]]), target, 1.0).item() == pytest.approx(0.75 * 0.125)
     assert loss(torch.tensor([[-0.5, 0.0]]), target, 1.0).item() == pytest.approx(0.25 * 0.125)
@@ -88,8 +91,9 @@ def test_quantile_huber_loss_hand_cases():
     "bug,original,planted",
     [
         ("flipped asymmetric weight", "(u.detach() < 0)", "(u.detach() > 0)"),
-        ("left edges i / N instead of midpoints", "+ 1) / (2 * n)", "+ 0) / (2 * n)"),
+        ("left edges i / N instead of midpoints", "+ 0.5) / n", "+ 0.0) / n"),
         ("kappa ignored by the Huber branch", "u.abs() <= kappa", "u.abs() <= 1.0"),
+        ("kappa not divided out", "weight * huber / kappa", "weight * huber"),
     ],
 )
 def test_the_naive_comparison_catches_a_planted_bug(bug, original, planted, tmp_path):
@@ -101,8 +105,12 @@ def test_the_naive_comparison_catches_a_planted_bug(bug, original, planted, tmp_
     g = torch.Generator().manual_seed(0)
     quantiles, targets = 2.0 * torch.randn(16, 8, generator=g), 2.0 * torch.randn(16, 8, generator=g)
     expected = naive_quantile_huber(quantiles.double().tolist(), targets.double().tolist(), 0.3)
-    assert qrdqn.quantile_huber_loss(quantiles, targets, 0.3).item() == pytest.approx(expected, rel=1e-5)
-    got = broken.quantile_huber_loss(quantiles, targets, 0.3).item()
+
+    def loss_of(module) -> float:
+        return module.quantile_huber_loss(quantiles, module.quantile_fractions(8), targets, 0.3).item()
+
+    assert loss_of(qrdqn) == pytest.approx(expected, rel=1e-5)
+    got = loss_of(broken)
     assert got != pytest.approx(expected, rel=1e-3), f"{bug} went unnoticed"
 
 
