@@ -1,0 +1,168 @@
+"""One way to do each thing: where the scripts mean the same, their source is the same, byte for byte. Functions
+and lines are taken from each script's source by name (ast), so a one-character drift in any copy fails here:
+
+- dqn.py and double_dqn.py: everything but their target (``compute_td_target``) and the header lines;
+- the quantile Huber loss in qrdqn.py, nc_qrdqn.py and iqn.py (the paper's, divided by kappa), and the fixed
+  quantile fractions in qrdqn.py and nc_qrdqn.py;
+- the categorical projection and the per-sample cross-entropy in c51.py and rainbow.py;
+- in every script: ``linear_schedule``, the --adam-eps check, the --fast lines with the Adam optimizer, and the
+  update (the ``compute_loss`` call, the visible --on-nonfinite skip, ``zero_grad``, ``backward``, ``step``),
+  which reads nothing back from the device unless --on-nonfinite skip asks.
+
+algos/custom_value_atari.py, the template whose update is the user's own code, is left out."""
+
+from __future__ import annotations
+
+import ast
+import re
+import textwrap
+
+import pytest
+from conftest import REPO
+
+SCRIPTS = ["dqn", "double_dqn", "c51", "qrdqn", "mdqn", "nc_qrdqn", "iqn", "rainbow"]
+SAME_FUNCTIONS = {
+    "quantile_huber_loss": ["qrdqn", "nc_qrdqn", "iqn"],
+    "quantile_fractions": ["qrdqn", "nc_qrdqn"],
+    "project_distribution": ["c51", "rainbow"],
+    "per_sample_cross_entropy": ["c51", "rainbow"],
+    "linear_schedule": SCRIPTS,
+}
+
+
+def sources() -> dict[str, str]:
+    return {name: (REPO / "algos" / f"{name}.py").read_text() for name in SCRIPTS}
+
+
+def text(source: str, node: ast.AST) -> str:
+    """a node's exact text in the source (ast.get_source_segment's result, without its slow line splitting)"""
+    lines = source.splitlines(keepends=True)[node.lineno - 1 : node.end_lineno]
+    if len(lines) == 1:
+        return lines[0].encode()[node.col_offset : node.end_col_offset].decode()
+    first, last = lines[0].encode()[node.col_offset :].decode(), lines[-1].encode()[: node.end_col_offset].decode()
+    return first + "".join(lines[1:-1]) + last
+
+
+def top_level(source: str) -> dict[str, str]:
+    """each top-level function and class of a script, by name, as its exact text"""
+    tree = ast.parse(source)
+    return {node.name: text(source, node) for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+
+
+def main_block(source: str) -> ast.If:
+    tree = ast.parse(source)
+    return next(node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test))
+
+
+def segment(source: str, statements: list[ast.stmt]) -> str:
+    return "\n".join(textwrap.dedent(text(source, s)) for s in statements)
+
+
+def fast_lines(source: str) -> str:
+    """from the channels-last ``if args.fast ...`` through ``optimizer = optim.Adam(...)``, as they stand"""
+    body = main_block(source).body
+    first = next(i for i, s in enumerate(body) if isinstance(s, ast.If) and "args.fast" in ast.unparse(s.test))
+    last = next(i for i, s in enumerate(body) if isinstance(s, ast.Assign) and "optim.Adam(" in ast.unparse(s))
+    return segment(source, body[first : last + 1])
+
+
+def adam_eps_check(source: str) -> str:
+    body = main_block(source).body
+    [check] = [s for s in body if isinstance(s, ast.If) and "args.adam_eps" in ast.unparse(s.test)]
+    return segment(source, [check])
+
+
+def update_lines(source: str) -> tuple[str, str]:
+    """(the ``compute_loss`` call, the lines after it through ``optimizer.step()``) in the learning block"""
+    learning = next(
+        node
+        for node in ast.walk(main_block(source))
+        if isinstance(node, ast.With) and ast.unparse(node.items[0].context_expr) == "run.timed('learning')"
+    )
+    steps = learning.body
+    first = next(i for i, s in enumerate(steps) if isinstance(s, ast.Assign) and "compute_loss(" in ast.unparse(s))
+    last = next(i for i, s in enumerate(steps) if ast.unparse(s) == "optimizer.step()")
+    return segment(source, steps[first : first + 1]), segment(source, steps[first + 1 : last + 1])
+
+
+def drift(texts: dict[str, str]) -> list[str]:
+    """the names whose text differs from the first one's"""
+    (first, reference), *others = texts.items()
+    return [f"{name} differs from {first}" for name, text in others if text != reference]
+
+
+def all_drift(scripts: dict[str, str]) -> list[str]:
+    """every drift this file checks, over the given scripts' sources"""
+    found = []
+    functions = {name: top_level(source) for name, source in scripts.items()}
+    for function, names in SAME_FUNCTIONS.items():
+        found += [f"{function}: {d}" for d in drift({name: functions[name][function] for name in names})]
+    found += [f"fast lines: {d}" for d in drift({name: fast_lines(s) for name, s in scripts.items()})]
+    found += [f"--adam-eps check: {d}" for d in drift({name: adam_eps_check(s) for name, s in scripts.items()})]
+    found += [f"update: {d}" for d in drift({name: update_lines(s)[1] for name, s in scripts.items()})]
+    dqn, double = functions["dqn"], functions["double_dqn"]
+    found += [
+        f"double_dqn.{name} differs from dqn's"
+        for name in dqn
+        if name != "compute_td_target" and dqn[name] != double.get(name)
+    ]
+    main = {name: text(scripts[name], main_block(scripts[name])) for name in ("dqn", "double_dqn")}
+    found += [f"__main__ block: {d}" for d in drift(main)]
+    return found
+
+
+# ---------------------------------------------------------------- the checks
+
+
+def test_the_scripts_share_their_common_parts_byte_for_byte():
+    assert all_drift(sources()) == []
+
+
+def test_dqn_and_double_dqn_have_the_same_functions():
+    dqn, double = (top_level((REPO / "algos" / f"{n}.py").read_text()) for n in ("dqn", "double_dqn"))
+    assert dqn.keys() == double.keys()
+    assert dqn["compute_td_target"] != double["compute_td_target"]  # what Double DQN changes
+
+
+def test_the_update_is_the_visible_cleanrl_update_without_a_host_read():
+    """the loss function call, then zero_grad, backward, step, as CleanRL writes them; the only read of a device
+    value is the --on-nonfinite skip test, and only when that flag asks (metrics are read every 1000 steps)"""
+    for name, source in sources().items():
+        call, rest = update_lines(source)
+        assert re.fullmatch(r"loss, metrics(, \w+)? = compute_loss\(q_network, target_network, data, args\)", call), (
+            name
+        )
+        assert rest.splitlines()[-3:] == ["optimizer.zero_grad()", "loss.backward()", "optimizer.step()"], name
+        assert 'if args.on_nonfinite == "skip" and not torch.isfinite(loss):' in rest, name
+        without_guard = rest.replace('args.on_nonfinite == "skip" and not torch.isfinite(loss)', "")
+        for read in (".item()", ".cpu()", "float(", "bool(", "isfinite", ".numpy()", ".tolist()"):
+            assert read not in without_guard, f"{name}: {read} in the update"
+
+
+def test_the_adam_line_carries_the_flag_and_every_script_has_it():
+    for name, source in sources().items():
+        assert "adam_eps: float = " in source, name
+        assert "eps=args.adam_eps, fused=fused or None)" in fast_lines(source), name
+
+
+@pytest.mark.parametrize(
+    "script,original,changed",
+    [
+        ("iqn", "0.5 * u**2", "0.4 * u**2"),  # the quantile Huber loss in one of three
+        ("qrdqn", "+ 0.5) / n", "+ 0.6) / n"),  # the fixed fractions
+        ("rainbow", ".abs() / delta_z", ".abs() / delta_y"),  # the projection
+        ("c51", "return -(target_probs", "return +(target_probs"),  # the cross-entropy
+        ("mdqn", "eps=args.adam_eps, fused", "eps=args.adam_eps , fused"),  # the Adam line, a space
+        ("nc_qrdqn", "optimizer.zero_grad()", "optimizer.zero_grad(set_to_none=False)"),  # the update
+        ("double_dqn", "    slope = (end_e - start_e) / duration", "    slope = (end_e - start_e)/duration"),
+        ("dqn", "gather(1, data.actions.unsqueeze(1))", "gather(1, data.actions.unsqueeze(-1))"),  # vs double
+        ("rainbow", "must be > 0 and finite (this", "must be > 0 and finite  (this"),  # the --adam-eps check
+    ],
+)
+def test_a_one_character_change_in_one_copy_is_caught(script, original, changed):
+    scripts = sources()
+    assert scripts[script].count(original) >= 1, original
+    assert all_drift(scripts) == []
+    scripts[script] = scripts[script].replace(original, changed, 1)
+    found = all_drift(scripts)
+    assert found, f"{script}: {original!r} -> {changed!r} went unnoticed"
