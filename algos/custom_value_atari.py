@@ -2,9 +2,10 @@
 # Copy this file (e.g. to algos/my_algo.py) and edit ONLY the EDITABLE block: a QNetwork (a head over the
 # fixed Nature encoder) and a ValueAlgorithm (networks, optimizer, select_action, update). Everything marked
 # FIXED (arguments, environments, replay, exploration schedule, loop, logging, evaluation) is what every
-# algorithm shares, and cleanrl_utils.harness checks the rules at start-up. As shipped: DQN, as algos/dqn.py.
+# algorithm shares, and cleanrl_utils.template_rules checks the rules at start-up. As shipped: DQN, as algos/dqn.py.
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -22,8 +23,8 @@ from cleanrl_utils.checks import CpuThreads, check_memory, fail, pick_buffer_dev
 from cleanrl_utils.encoder import NatureCNN
 from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
 from cleanrl_utils.evaluation import evaluate
-from cleanrl_utils.harness import ValueAlgorithmBase, check_actions, check_algorithm, check_metrics
 from cleanrl_utils.run import Run
+from cleanrl_utils.template_rules import ValueAlgorithmBase, check_actions, check_algorithm, check_metrics
 
 
 # FIXED: the arguments every algorithm shares (CleanRL's dqn_atari.py defaults)
@@ -38,7 +39,7 @@ class Args:
     device: str = "auto"
     """auto (CUDA, then MPS, then CPU), cuda, mps or cpu"""
     torch_threads: int = 0
-    """torch's CPU threads (0: automatic, printed at start; see README, "Throughput")"""
+    """torch's CPU threads (0: automatic, printed at start; see docs/throughput.md)"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "value-atari"
@@ -208,7 +209,13 @@ if __name__ == "__main__":
     checkpointer = Checkpointer(run, resumed, replay=rb, envs=envs, algorithm=algorithm)
     run.timings["setup"] += time.perf_counter() - setup_start
 
-    obs, global_step, update_credit, start_time = checkpointer.start()  # a fresh start, or where the checkpoint left
+    learning_starts = args.learning_starts  # agent steps of random play before the first update
+    if resumed is None:
+        obs, global_step, update_credit, start_time = envs.reset(), 0, 0, time.time()
+    else:  # where the checkpoint left off (Atari games cannot be saved: new games start there)
+        obs, global_step, update_credit, start_time, replay_restored = checkpointer.restore()
+        if not replay_restored:  # an empty replay memory refills before learning again
+            learning_starts += global_step
     metrics = None
     while global_step < args.total_timesteps:
         previous_step = global_step
@@ -222,7 +229,7 @@ if __name__ == "__main__":
         global_step += args.num_envs
         run.counts["env_steps"] = global_step
 
-        if global_step > checkpointer.learning_starts:
+        if global_step > learning_starts:
             update_credit += args.num_envs
             while update_credit >= args.train_frequency:  # one update per train_frequency agent steps
                 update_credit -= args.train_frequency
@@ -233,7 +240,8 @@ if __name__ == "__main__":
                 run.counts["gradient_updates"] += 1
 
             if global_step // 1000 > previous_step // 1000 and metrics is not None:
-                run.train_metrics(global_step, metrics, q_network)  # stops on non-finite metrics or weights
+                if not run.train_metrics(global_step, metrics, q_network):  # non-finite loss or weights
+                    sys.exit(1)  # the checkpoints written so far stay as they are
 
         with run.timed("environment"):
             step = envs.recv()
@@ -270,8 +278,10 @@ if __name__ == "__main__":
             run.evaluation(global_step, result)
             run.write_receipt()
 
-        if checkpointer.due(global_step, previous_step):  # periodic, or after SIGINT/SIGTERM (then exits 0)
+        if checkpointer.due(global_step, previous_step):  # periodic, or after SIGINT/SIGTERM
             checkpointer.save(global_step, obs, update_credit, start_time)  # algorithm.state_dict() and the rest
+            if checkpointer.stop_requested:  # the resume command is printed
+                sys.exit(0)
 
     with run.timed("evaluation"):
         result = evaluate(

@@ -1,13 +1,14 @@
 # IQN (Dabney et al. 2018, implicit quantile networks): the network takes a quantile fraction tau as input and
 # returns the tau-quantile of the returns, learned on sampled fractions with the quantile Huber loss; the paper's
 # N = N' = 64, K = 32, 64 cosines, kappa 1; other settings as qrdqn.py (sb3-contrib with the zoo's Atari settings),
-# target every 10k steps; docs in README.md.
+# target every 10k steps; docs in docs/algorithms.md.
 # Departure from the paper: it multiplies the embedding of tau into the 3136 convolution features, before the
 # 512-unit layer; our encoder is fixed and ends with that layer, so the embedding (64 cosines -> 512) multiplies
 # its 512 features instead, and a head 512 -> 512 -> n_actions follows, as the paper's after the product.
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -39,7 +40,7 @@ class Args:
     device: str = "auto"
     """auto (CUDA, then MPS, then CPU), cuda, mps or cpu"""
     torch_threads: int = 0
-    """torch's CPU threads (0: automatic, printed at start; see README, "Throughput")"""
+    """torch's CPU threads (0: automatic, printed at start; see docs/throughput.md)"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "value-atari"
@@ -237,7 +238,13 @@ if __name__ == "__main__":
     )
     run.timings["setup"] += time.perf_counter() - setup_start
 
-    obs, global_step, update_credit, start_time = checkpointer.start()  # a fresh start, or where the checkpoint left
+    learning_starts = args.learning_starts  # agent steps of random play before the first update
+    if resumed is None:
+        obs, global_step, update_credit, start_time = envs.reset(), 0, 0, time.time()
+    else:  # where the checkpoint left off (Atari games cannot be saved: new games start there)
+        obs, global_step, update_credit, start_time, replay_restored = checkpointer.restore()
+        if not replay_restored:  # an empty replay memory refills before learning again
+            learning_starts += global_step
     metrics = None  # the latest update's metrics (tensors), read when logged
     while global_step < args.total_timesteps:
         previous_step = global_step
@@ -256,7 +263,7 @@ if __name__ == "__main__":
         global_step += args.num_envs
         run.counts["env_steps"] = global_step
 
-        if global_step > checkpointer.learning_starts:
+        if global_step > learning_starts:
             update_credit += args.num_envs
             while update_credit >= args.train_frequency:  # one update per train_frequency agent steps
                 update_credit -= args.train_frequency
@@ -273,7 +280,8 @@ if __name__ == "__main__":
 
             if global_step // 1000 > previous_step // 1000 and metrics is not None:
                 # the only host synchronisation of the loop; a non-finite value stops the run here
-                run.train_metrics(global_step, metrics, q_network)
+                if not run.train_metrics(global_step, metrics, q_network):  # non-finite loss or weights
+                    sys.exit(1)  # the checkpoints written so far stay as they are
 
             # update target network
             if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
@@ -315,8 +323,10 @@ if __name__ == "__main__":
             run.evaluation(global_step, result)
             run.write_receipt()
 
-        if checkpointer.due(global_step, previous_step):  # periodic, or after SIGINT/SIGTERM (then exits 0)
+        if checkpointer.due(global_step, previous_step):  # periodic, or after SIGINT/SIGTERM
             checkpointer.save(global_step, obs, update_credit, start_time)
+            if checkpointer.stop_requested:  # the resume command is printed
+                sys.exit(0)
 
     with run.timed("evaluation"):
         result = evaluate(

@@ -1,8 +1,9 @@
 # Munchausen DQN (Vieillard, Pietquin and Geist, NeurIPS 2020): DQN with a soft target under the softmax policy
 # pi = softmax(q / tau) and the scaled log-policy of the taken action added to the reward; the paper's Atari settings
-# (its Dopamine configuration: google-research/munchausen_rl configs/atari.gin); docs in README.md
+# (its Dopamine configuration: google-research/munchausen_rl configs/atari.gin); docs in docs/algorithms.md
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -34,7 +35,7 @@ class Args:
     device: str = "auto"
     """auto (CUDA, then MPS, then CPU), cuda, mps or cpu"""
     torch_threads: int = 0
-    """torch's CPU threads (0: automatic, printed at start; see README, "Throughput")"""
+    """torch's CPU threads (0: automatic, printed at start; see docs/throughput.md)"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "value-atari"
@@ -221,7 +222,13 @@ if __name__ == "__main__":
     )
     run.timings["setup"] += time.perf_counter() - setup_start
 
-    obs, global_step, update_credit, start_time = checkpointer.start()  # a fresh start, or where the checkpoint left
+    learning_starts = args.learning_starts  # agent steps of random play before the first update
+    if resumed is None:
+        obs, global_step, update_credit, start_time = envs.reset(), 0, 0, time.time()
+    else:  # where the checkpoint left off (Atari games cannot be saved: new games start there)
+        obs, global_step, update_credit, start_time, replay_restored = checkpointer.restore()
+        if not replay_restored:  # an empty replay memory refills before learning again
+            learning_starts += global_step
     metrics = None  # the latest update's metrics (tensors), read when logged
     while global_step < args.total_timesteps:
         previous_step = global_step
@@ -240,7 +247,7 @@ if __name__ == "__main__":
         global_step += args.num_envs
         run.counts["env_steps"] = global_step
 
-        if global_step > checkpointer.learning_starts:
+        if global_step > learning_starts:
             update_credit += args.num_envs
             while update_credit >= args.train_frequency:  # one update per train_frequency agent steps
                 update_credit -= args.train_frequency
@@ -257,7 +264,8 @@ if __name__ == "__main__":
 
             if global_step // 1000 > previous_step // 1000 and metrics is not None:
                 # the only host synchronisation of the loop; a non-finite value stops the run here
-                run.train_metrics(global_step, metrics, q_network)
+                if not run.train_metrics(global_step, metrics, q_network):  # non-finite loss or weights
+                    sys.exit(1)  # the checkpoints written so far stay as they are
 
             # update target network
             if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
@@ -299,8 +307,10 @@ if __name__ == "__main__":
             run.evaluation(global_step, result)
             run.write_receipt()
 
-        if checkpointer.due(global_step, previous_step):  # periodic, or after SIGINT/SIGTERM (then exits 0)
+        if checkpointer.due(global_step, previous_step):  # periodic, or after SIGINT/SIGTERM
             checkpointer.save(global_step, obs, update_credit, start_time)
+            if checkpointer.stop_requested:  # the resume command is printed
+                sys.exit(0)
 
     with run.timed("evaluation"):
         result = evaluate(

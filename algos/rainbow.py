@@ -1,11 +1,12 @@
 # Rainbow (Hessel et al. 2018): C51's distributional loss + Double DQN's action selection + a dueling head
 # + noisy layers for exploration (no epsilon-greedy) + 3-step returns + prioritized replay, with the paper's
 # Atari settings; each part but the first two has a flag to turn it off, the paper's ablations: --n-step 1,
-# --no-dueling, --no-noisy, --no-prioritized; docs in README.md. The network is the fixed Nature encoder (its
+# --no-dueling, --no-noisy, --no-prioritized; docs in docs/algorithms.md. The network is the fixed Nature encoder (its
 # 512-unit layer stands for the paper's noisy hidden layers of 512, which our fixed encoder cannot have) and a
 # dueling head of noisy layers.
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -40,7 +41,7 @@ class Args:
     device: str = "auto"
     """auto (CUDA, then MPS, then CPU), cuda, mps or cpu"""
     torch_threads: int = 0
-    """torch's CPU threads (0: automatic, printed at start; see README, "Throughput")"""
+    """torch's CPU threads (0: automatic, printed at start; see docs/throughput.md)"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "value-atari"
@@ -312,7 +313,13 @@ if __name__ == "__main__":
     )
     run.timings["setup"] += time.perf_counter() - setup_start
 
-    obs, global_step, update_credit, start_time = checkpointer.start()  # a fresh start, or where the checkpoint left
+    learning_starts = args.learning_starts  # agent steps of random play before the first update
+    if resumed is None:
+        obs, global_step, update_credit, start_time = envs.reset(), 0, 0, time.time()
+    else:  # where the checkpoint left off (Atari games cannot be saved: new games start there)
+        obs, global_step, update_credit, start_time, replay_restored = checkpointer.restore()
+        if not replay_restored:  # an empty replay memory refills before learning again
+            learning_starts += global_step
     metrics = None  # the latest update's metrics (tensors), read when logged
     while global_step < args.total_timesteps:
         previous_step = global_step
@@ -320,7 +327,7 @@ if __name__ == "__main__":
             args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
         )
         with run.timed("acting"):
-            if global_step <= checkpointer.learning_starts:  # before learning, a new noise draw at every step
+            if global_step <= learning_starts:  # before learning, a new noise draw at every step
                 reset_noise(q_network)  # (reset_noise does nothing with --no-noisy)
             actions = rng.integers(0, envs.n_actions, args.num_envs)
             greedy = rng.random(args.num_envs) >= epsilon
@@ -333,7 +340,7 @@ if __name__ == "__main__":
         global_step += args.num_envs
         run.counts["env_steps"] = global_step
 
-        if global_step > checkpointer.learning_starts:
+        if global_step > learning_starts:
             update_credit += args.num_envs
             while update_credit >= args.train_frequency:  # one update per train_frequency agent steps
                 update_credit -= args.train_frequency
@@ -362,7 +369,8 @@ if __name__ == "__main__":
                     metrics["beta"] = beta
                 if args.noisy:
                     metrics["noisy_sigma"] = mean_sigma(q_network)
-                run.train_metrics(global_step, metrics, q_network)
+                if not run.train_metrics(global_step, metrics, q_network):  # non-finite loss or weights
+                    sys.exit(1)  # the checkpoints written so far stay as they are
 
             # update target network
             if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
@@ -404,8 +412,10 @@ if __name__ == "__main__":
             run.evaluation(global_step, result)
             run.write_receipt()
 
-        if checkpointer.due(global_step, previous_step):  # periodic, or after SIGINT/SIGTERM (then exits 0)
+        if checkpointer.due(global_step, previous_step):  # periodic, or after SIGINT/SIGTERM
             checkpointer.save(global_step, obs, update_credit, start_time)
+            if checkpointer.stop_requested:  # the resume command is printed
+                sys.exit(0)
 
     with run.timed("evaluation"):
         result = evaluate(

@@ -42,17 +42,19 @@ def phase_flags(phase: str, cli: argparse.Namespace) -> tuple[list[str], int]:
     return flags, 1000
 
 
-def script_rate(cli: argparse.Namespace, phase: str, threads: int, policy: str, run_dir: Path) -> float:
+def script_rate(
+    cli: argparse.Namespace, phase: str, threads: int, policy: str, run_dir: Path, repo: Path = REPO
+) -> float:
     """Agent steps per second of ``algos/ALGO.py`` in ``phase``, from its charts/SPS wall times."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     flags, from_step = phase_flags(phase, cli)
-    command = [sys.executable, str(REPO / "algos" / f"{cli.algo}.py"), "--env-id", cli.env_id, *flags,
+    command = [sys.executable, str(repo / "algos" / f"{cli.algo}.py"), "--env-id", cli.env_id, *flags,
                "--buffer-size", "50000", "--eval-every", "0", "--eval-episodes", "1", "--eval-epsilon", "1",
                "--checkpoint-every", "0", "--seed", "1", "--device", "cpu", "--run-dir", str(run_dir),
                "--torch-threads", str(threads), *cli.extra]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
-    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONPATH"] = str(repo)
     if policy != "default":
         env["OMP_WAIT_POLICY"] = policy.upper()
     done = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -77,44 +79,51 @@ def main() -> None:
     parser.add_argument("--learning-steps", type=int, default=3000)
     parser.add_argument("--acting-steps", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=1, help="quiet and busy runs of each configuration")
+    parser.add_argument("--loads", nargs="+", default=["quiet", "busy"], choices=["quiet", "busy"])
+    parser.add_argument(
+        "--repos",
+        nargs="+",
+        type=Path,
+        default=[REPO],
+        help="checkouts whose scripts to run, alternating (e.g. a git worktree of an older commit)",
+    )
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("extra", nargs="*", help="more flags for the script, after --")
     cli = parser.parse_args()
 
-    configs = [(t, p) for t in cli.threads for p in cli.wait_policies]
+    configs = [(repo, t, p) for repo in cli.repos for t in cli.threads for p in cli.wait_policies]
     rates: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(cli.rounds):
             for phase in cli.phases:
-                for threads, policy in configs:
-                    for load in ("quiet", "busy"):
+                for c, (repo, threads, policy) in enumerate(configs[:: 1 if r % 2 == 0 else -1]):
+                    for load in cli.loads:
                         busy = None
                         if load == "busy":  # one core held by another process, as the issue's reproduction
                             busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
                         try:
-                            folder = Path(tmp) / f"{phase}_{threads}_{policy}_{load}_{r}"
-                            rate = script_rate(cli, phase, threads, policy, folder)
+                            folder = Path(tmp) / f"{phase}_{c}_{threads}_{policy}_{load}_{r}"
+                            rate = script_rate(cli, phase, threads, policy, folder, repo)
                         finally:
                             if busy is not None:
                                 busy.kill()
                                 busy.wait()
-                        key = f"{phase}|{threads}|{policy}|{load}"
-                        rates.setdefault(key, []).append(rate)
-                        print(f"# round {r + 1}: {phase:<8} threads={threads} wait={policy:<7} {load:<5} "
+                        rates.setdefault(f"{phase}|{repo}|{threads}|{policy}|{load}", []).append(rate)
+                        print(f"# round {r + 1}: {phase:<8} {repo} threads={threads} wait={policy:<7} {load:<5} "
                               f"{rate:7.1f} steps/s", flush=True)  # fmt: skip
 
     print(f"\nalgos/{cli.algo}.py on {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"{cli.env_id}, agent steps/s (mean of {cli.rounds} round(s)):")  # fmt: skip
-    print(
-        f"{'phase':<9} {'--torch-threads':>15} {'OMP_WAIT_POLICY':>16} {'quiet':>8} {'1 core busy':>12} {'busy/quiet':>11}"
-    )
+    print(f"{'phase':<9} {'checkout':<24} {'--torch-threads':>15} {'OMP_WAIT_POLICY':>16} "
+          + " ".join(f"{load:>11}" for load in cli.loads) + ("  busy/quiet" if len(cli.loads) == 2 else ""))  # fmt: skip
     table = []
     for phase in cli.phases:
-        for threads, policy in configs:
-            quiet = sum(rates[f"{phase}|{threads}|{policy}|quiet"]) / cli.rounds
-            busy = sum(rates[f"{phase}|{threads}|{policy}|busy"]) / cli.rounds
-            table.append(dict(phase=phase, threads=threads, wait_policy=policy, quiet=quiet, busy=busy))
-            print(f"{phase:<9} {threads:>15} {policy:>16} {quiet:>8.1f} {busy:>12.1f} {busy / quiet:>11.2f}")
+        for repo, threads, policy in configs:
+            row = {load: sum(rates[f"{phase}|{repo}|{threads}|{policy}|{load}"]) / cli.rounds for load in cli.loads}
+            table.append(dict(phase=phase, checkout=str(repo), threads=threads, wait_policy=policy, **row))
+            ratio = f"  {row['busy'] / row['quiet']:>10.2f}" if len(cli.loads) == 2 else ""
+            print(f"{phase:<9} {str(repo)[-24:]:<24} {threads:>15} {policy:>16} "
+                  + " ".join(f"{row[load]:>11.1f}" for load in cli.loads) + ratio)  # fmt: skip
     if cli.json:
         Path(cli.json).write_text(json.dumps({"algo": cli.algo, "env_id": cli.env_id, "table": table}, indent=2))
 

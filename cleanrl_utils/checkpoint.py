@@ -143,6 +143,15 @@ def continue_run(args: Any, script: str) -> tuple[Any, Resumed | None]:
         return args, None
     resumed = find_checkpoint(args.resume, script)
     saved = {k: v for k, v in resumed.args.items() if k in vars(args) and k != "resume"}
+    gone = {k: v for k, v in resumed.args.items() if k not in vars(args)}  # settings the script no longer has
+    switched_on = [f"--{k.replace('_', '-')} {v}" for k, v in gone.items() if v is True or (k == "n_step" and v != 1)]
+    if switched_on:
+        fail(
+            f"--resume {args.resume}: the run used {', '.join(switched_on)}, which {Path(script).name} no longer has "
+            "(Rainbow's parts are in algos/rainbow.py); resume it with the version of the script that wrote it"
+        )
+    if gone:
+        print(f"warning: --resume: settings this script no longer has, left at their off values: {sorted(gone)}")
     defaults = type(args)()
     ignored = [
         f"--{k.replace('_', '-')}"
@@ -301,7 +310,6 @@ class Checkpointer:
         self.stop_requested = False
         self.signals = 0
         self.training_done = False  # the loop has reached --total-timesteps: the final evaluation comes next
-        self.learning_starts = self.args.learning_starts
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
         if self.args.checkpoint_buffer:
@@ -343,13 +351,11 @@ class Checkpointer:
                 flush=True,
             )
 
-    def start(self) -> tuple[np.ndarray, int, int, float]:
-        """Returns the loop's ``obs, global_step, update_credit, start_time``: from the checkpoint when
-        resuming, else a fresh reset."""
-        if self.resumed is None:
-            obs = self.envs.reset()
-            self.run.start_rate(0)
-            return obs, 0, 0, time.time()
+    def restore(self) -> tuple[np.ndarray, int, int, float, bool]:
+        """Put the checkpoint back (networks, optimizer, RNGs, counters, the games where they can be saved,
+        the replay memory if it was saved) and return the loop's ``obs, global_step, update_credit,
+        start_time`` and whether the replay memory was restored. Games that cannot be saved (ale-py's)
+        start anew, seeded apart from the first run's."""
         state = self.resumed.state
         for name, module in self.modules.items():
             module.load_state_dict(state[name])
@@ -388,9 +394,6 @@ class Checkpointer:
             self.replay.cut_episodes()  # the saved games are gone: their transitions end there (bootstrapping)
         step = self.resumed.step
         self.training_done = step >= self.args.total_timesteps  # stopped by a signal in the loop's last step
-        if not buffer_restored:
-            # The replay memory starts empty: refill it before learning again.
-            self.learning_starts = step + self.original_args["learning_starts"]
         run.resumes = list(state["resumes"]) + [
             {
                 "step": step,
@@ -402,12 +405,12 @@ class Checkpointer:
         ]
         run.print(
             f"resumed from {self.resumed.path} at step {step} (replay memory "
-            f"{'restored' if buffer_restored else 'empty: learning waits until step ' + str(self.learning_starts)}, "
+            f"{'restored' if buffer_restored else 'empty: learning waits until step ' + str(step + self.args.learning_starts)}, "
             f"{'games continued' if envs_restored else 'new games started'})"
         )
         run.write_receipt()
         run.start_rate(step)  # steps/s counts this process's steps only
-        return obs, step, int(state["update_credit"]), time.time() - float(state["train_seconds"])
+        return obs, step, int(state["update_credit"]), time.time() - float(state["train_seconds"]), buffer_restored
 
     def due(self, global_step: int, previous_step: int) -> bool:
         """Whether to checkpoint now; called last in every step of the loop, so it also says when training ends."""
@@ -421,7 +424,8 @@ class Checkpointer:
         return every > 0 and global_step // every > previous_step // every and global_step < total
 
     def save(self, global_step: int, obs: np.ndarray, update_credit: int, start_time: float) -> Path | None:
-        """Write a checkpoint (unless the networks hold non-finite values); after a signal, exit 0."""
+        """Write a checkpoint (unless the networks hold non-finite values); after a signal, also close the run
+        as interrupted and print the resume command (the script then exits 0: ``stop_requested``)."""
         run = self.run
         finite = all(_finite(module.state_dict()) for module in self.modules.values())
         path = None
@@ -437,7 +441,6 @@ class Checkpointer:
             script = os.path.relpath(run.script)
             where = path.parent.parent if path is not None else run.dir
             run.print(f"stopped at step {global_step} by a signal; resume with: python {script} --resume {where}")
-            raise SystemExit(0)
         return path
 
     def _write(self, global_step: int, obs: np.ndarray, update_credit: int, train_seconds: float) -> Path:

@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
         script = Path(__file__).resolve().parents[1] / "algos" / f"{saved['algo']}.py"
     module = load_algorithm(script)
     if "envs" in inspect.signature(module.QNetwork).parameters:  # the custom-algorithm template's QNetwork(envs)
-        from cleanrl_utils.harness import network_spec
+        from cleanrl_utils.template_rules import network_spec
 
         q_network = module.QNetwork(network_spec(saved["n_actions"]))
     else:

@@ -176,10 +176,11 @@ class Run:
 
     def train_metrics(
         self, global_step: int, metrics: dict[str, float | torch.Tensor], network: torch.nn.Module | None = None
-    ) -> None:
+    ) -> bool:
         """Log ``losses/*`` scalars and the TRAIN_METRICS line (called every 1000 steps: the only host
-        synchronisation of the training loop). A non-finite metric stops the run (``--on-nonfinite
-        stop``; ``skip`` only logs it, its update was skipped), as do non-finite network weights."""
+        synchronisation of the training loop). Returns False, with the run recorded as failed and the
+        reason printed, on a non-finite metric (under ``--on-nonfinite stop``; ``skip`` only logs it, its
+        update was skipped) or non-finite network weights: the script then stops."""
         values = {
             key: float(value.detach()) if torch.is_tensor(value) else float(value) for key, value in metrics.items()
         }
@@ -189,19 +190,22 @@ class Run:
         self.print(f"TRAIN_METRICS step={global_step} {fields}")
         bad = [f"{k}={v}" for k, v in values.items() if not np.isfinite(v)]
         if bad and getattr(self.args, "on_nonfinite", "stop") == "stop":
-            self.stop_nonfinite(global_step, ", ".join(bad))
+            self.record_nonfinite(global_step, ", ".join(bad))
+            return False
         if network is not None and not all(torch.isfinite(p).all() for p in network.parameters()):
-            self.stop_nonfinite(global_step, "network weights")
+            self.record_nonfinite(global_step, "network weights")
+            return False
+        return True
 
-    def stop_nonfinite(self, global_step: int, what: str) -> None:
-        """Stop with the step and the metric; the checkpoints already written stay as they are."""
+    def record_nonfinite(self, global_step: int, what: str) -> None:
+        """Say what went non-finite and where, and close the run as failed; the checkpoints already written
+        stay as they are."""
         if self.last_checkpoint is not None:
             keep = f"the last good checkpoint is {self.last_checkpoint} (resume with --resume {self.dir})"
         else:
             keep = "no checkpoint was written before it"
         print(f"error: non-finite {what} at step {global_step}; stopping: {keep}", file=sys.stderr, flush=True)
         self.close(status=f"failed: non-finite {what} at step {global_step}")
-        raise SystemExit(1)
 
     def flush(self) -> None:
         self.writer.flush()

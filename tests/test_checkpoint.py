@@ -368,3 +368,23 @@ def test_resume_given_the_run_dir_resumes_its_one_run_or_lists_several(uninterru
     assert one.returncode == 0, one.stderr[-3000:]
     assert f"the one dqn run there with a checkpoint is {runs / 'first'}" in one.stdout
     assert "resumed from" in one.stdout and (runs / "first" / "dqn.cleanrl_model").exists()
+
+
+def test_a_checkpoint_that_used_a_flag_the_script_no_longer_has_is_refused(uninterrupted, tmp_path):
+    """dqn.py's Rainbow flags moved to rainbow.py: a run that had --prioritized on must not silently resume
+    without it; flags left at their off values resume with a word."""
+    copy = tmp_path / uninterrupted.name
+    subprocess.run(["cp", "-r", str(uninterrupted), str(copy)], check=True)
+    checkpoint = list_checkpoints(copy)[0]
+    state = torch.load(checkpoint / "state.pt", weights_only=True)
+    state["original_args"] = {**state["original_args"], "prioritized": True, "dueling": False}
+    torch.save(state, checkpoint / "state.pt")
+    done = run_python("algos/dqn.py", "--resume", str(copy), timeout=120)
+    assert done.returncode == 2 and "the run used --prioritized True, which dqn.py no longer has" in done.stderr
+    state["original_args"]["prioritized"] = False
+    torch.save(state, checkpoint / "state.pt")
+    for model in copy.glob("*.cleanrl_model"):
+        model.unlink()
+    done = run_python("algos/dqn.py", "--resume", str(copy), timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "settings this script no longer has, left at their off values: ['dueling', 'prioritized']" in done.stdout

@@ -1,4 +1,4 @@
-"""The custom-algorithm template (algos/custom_value_atari.py) and its rules (cleanrl_utils/harness.py).
+"""The custom-algorithm template (algos/custom_value_atari.py) and its rules (cleanrl_utils/template_rules.py).
 
 The template as shipped is algos/dqn.py to the number and learns a toy task; the QR-DQN example of
 docs/custom_algorithms.md (read from the page) matches a naive float64 loop and learns too; each rule
@@ -28,7 +28,7 @@ from cleanrl_utils import benchmark, results
 from cleanrl_utils.buffer import ReplayBatch
 from cleanrl_utils.encoder import NATURE_CNN_PARAMETERS
 from cleanrl_utils.evaluation import load_algorithm
-from cleanrl_utils.harness import (
+from cleanrl_utils.template_rules import (
     REFERENCE_HEADS,
     check_actions,
     check_metrics,
@@ -324,7 +324,9 @@ def test_budget_is_the_largest_head_of_the_reference_scripts():
     """Each formula of REFERENCE_HEADS against the script's own QNetwork (default settings); every script
     in algos/ but copies of the template is listed, so a new reference algorithm cannot outgrow the budget."""
     scripts = [p for p in sorted((REPO / "algos").glob("*.py")) if "ValueAlgorithmBase" not in p.read_text()]
-    assert {p.stem for p in scripts} <= set(REFERENCE_HEADS), "add the new algorithm's head to harness.REFERENCE_HEADS"
+    assert {p.stem for p in scripts} <= set(REFERENCE_HEADS), (
+        "add the new algorithm's head to template_rules.REFERENCE_HEADS"
+    )
     heads = {}
     for script in scripts:
         module = load_algorithm(script)

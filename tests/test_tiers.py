@@ -25,4 +25,3 @@ def test_a_test_of_pure_code_is_a_unit_test():
         return _pure_helper(1) == 2
 
     assert not _runs_a_program(test_like, set())
-

@@ -165,7 +165,7 @@ def check_parameter_budget(algorithm: Any, n_actions: int, budget: int | None = 
     if not optimizers_of(algorithm):
         fail(
             "ValueAlgorithm holds no torch.optim optimizer as an attribute (e.g. `self.optimizer = "
-            "optim.Adam(self.q_network.parameters(), lr=args.learning_rate)`); the harness checkpoints it"
+            "optim.Adam(self.q_network.parameters(), lr=args.learning_rate)`); the template checkpoints it"
         )
     count, per_module = trainable_parameters(algorithm)
     detail = ", ".join(f"{name} {n:,}" for name, n in per_module.items())
