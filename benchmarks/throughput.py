@@ -3,7 +3,7 @@
     python benchmarks/throughput.py --algo dqn --env-id BreakoutNoFrameskip-v4 --num-envs 8 --device cpu --compare
 
 Two loops, built from the parts the scripts use (``TrainEnvs``, ``ReplayBuffer``, the script's
-``QNetwork`` and target, ``cleanrl_utils.fast``):
+``QNetwork`` and target, ``benchmarks/fast_update.py``):
 - plain (``--plain``): one environment, batch-1 acting every step, synchronous stepping, the eager update;
 - fast (the default): ``--num-envs`` environments, batched acting, the environments stepping (ale-py's
   send/recv) while the learner updates, and the fast update (``--fast-update``, by default what
