@@ -189,7 +189,7 @@ def test_a_closed_standard_output_stops_printing_and_the_run_finishes(tmp_path):
         process.stdout.close()
         assert process.wait(timeout=300) == 0
     err = (tmp_path / "stderr.txt").read_text()
-    assert all(line.startswith(b"global_step=") for line in lines), lines
+    assert lines[0].startswith(b"torch threads: ") and lines[1].startswith(b"global_step="), lines
     assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
     [run_dir] = (tmp_path / "runs").iterdir()
     receipt = json.loads((run_dir / "receipt.json").read_text())
