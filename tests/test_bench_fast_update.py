@@ -8,14 +8,13 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-import numpy as np
 import pytest
 import torch
 from conftest import REPO
+from test_fast_update import make_batch  # the same structured batch as the scripts' own update tests
 
 from benchmarks.fast_update import FastSettings, Update, to_channels_last, use_fused_optimizer
 from cleanrl_utils.buffer import ReplayBatch
-from cleanrl_utils.prioritized import PrioritizedReplayBatch
 
 ALGOS = ["dqn", "double_dqn", "c51", "qrdqn", "mdqn", "nc_qrdqn", "iqn", "rainbow"]
 N_ACTIONS, BATCH = 4, 32
@@ -32,31 +31,6 @@ def throughput():
 @pytest.fixture(scope="module")
 def bench():
     return throughput()
-
-
-def make_batch(device: str, seed: int = 0, algo: str = "dqn") -> ReplayBatch:
-    """Frames with structure (not uniform noise), rewards in {-1, 0, 1}, some terminals; for Rainbow also
-    importance-sampling weights and indices, as its prioritized buffer gives."""
-    rng = np.random.default_rng(seed)
-    frames = rng.integers(0, 256, (BATCH, 5, 84, 84), dtype=np.uint8)
-    frames[:, :, 20:40, 30:60] = rng.integers(0, 40, (BATCH, 5, 1, 1), dtype=np.uint8)
-    dones = (rng.random(BATCH) < 0.2).astype(np.float32)
-
-    def tensor(array):
-        return torch.as_tensor(array, device=device)
-
-    batch = ReplayBatch(
-        observations=tensor(frames[:, :4].copy()),
-        actions=tensor(rng.integers(0, N_ACTIONS, BATCH)),
-        rewards=tensor(rng.integers(-1, 2, BATCH).astype(np.float32)),
-        next_observations=tensor(frames[:, 1:].copy()),
-        dones=tensor(dones),
-        discounts=tensor(0.99 * (1 - dones)),
-    )
-    if algo != "rainbow":
-        return batch
-    weights = rng.uniform(0.1, 1.0, BATCH).astype(np.float32)
-    return PrioritizedReplayBatch(**batch._asdict(), weights=tensor(weights), indices=np.arange(BATCH))
 
 
 def one_update(bench, algo: str, settings: FastSettings, batch: ReplayBatch, device: str, cat: bool = False):
@@ -135,7 +109,7 @@ def test_fast_update_on_cpu_matches_the_eager_update(bench, algo):
 
 @pytest.mark.parametrize("algo", ["double_dqn", "mdqn"])
 def test_one_forward_over_observations_and_next_observations_matches_two(bench, algo):
-    batch = make_batch("cpu")
+    batch = make_batch("cpu", "dqn")
     *two, _ = one_update(bench, algo, FastSettings(), batch, "cpu")
     *one, _ = one_update(bench, algo, FastSettings(), batch, "cpu", cat=True)
     one[0] = one[0][: len(two[0])]  # the loss and its metrics (the benchmark's double_dqn variant adds TD errors)
@@ -144,7 +118,7 @@ def test_one_forward_over_observations_and_next_observations_matches_two(bench, 
 
 def test_the_comparison_catches_a_different_batch(bench):
     """The tolerance is tight enough: one changed action gives a different update."""
-    batch = make_batch("cpu")
+    batch = make_batch("cpu", "dqn")
     changed = batch._replace(actions=batch.actions.clone())
     changed.actions[0] = (changed.actions[0] + 1) % N_ACTIONS
     *eager, _ = one_update(bench, "dqn", FastSettings(), batch, "cpu")
@@ -193,7 +167,7 @@ def test_cuda_graph_without_cuda_or_with_skipping_is_refused():
 @pytest.mark.parametrize("algo", ["dqn", "c51"])
 def test_compiled_update_matches_the_eager_update(bench, algo):
     """torch.compile (Inductor): compiling takes about a minute on a cold cache, hence slow."""
-    batch = make_batch("cpu")
+    batch = make_batch("cpu", "dqn")
     *eager, _ = one_update(bench, algo, FastSettings(), batch, "cpu")
     *fast, _ = one_update(bench, algo, FastSettings(channels_last=True, compile=True, fused=True), batch, "cpu")
     assert_same(eager, fast)
