@@ -20,10 +20,11 @@ from cleanrl_utils.encoder import NatureCNN, check_encoder
 from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
 from cleanrl_utils.evaluation import evaluate
 from cleanrl_utils.run import Run
+from cleanrl_utils.run_flags import RunFlags
 
 
 @dataclass
-class Args:
+class Args(RunFlags):  # + the shared flags for running: threads, run folder, checkpoints, resume
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment"""
     seed: int = 1
@@ -32,8 +33,6 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     device: str = "auto"
     """auto (CUDA, then MPS, then CPU), cuda, mps or cpu"""
-    torch_threads: int = 0
-    """torch's CPU threads (0: automatic, printed at start; see docs/throughput.md)"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "value-atari"
@@ -44,23 +43,11 @@ class Args:
     """whether to record the evaluation games as MP4 in the run folder"""
     save_model: bool = False
     """whether to save the model into the run folder"""
-    run_dir: str = "runs"
-    """the folder that receives the run folder"""
-    checkpoint_every: int = 250_000
-    """agent steps between checkpoints (0: only on SIGINT/SIGTERM); shorter runs write none"""
-    checkpoint_buffer: bool = False
-    """whether checkpoints hold the replay memory too (exact resume; ~7 GB per 1M transitions)"""
-    checkpoint_keep: int = 3
-    """how many of the newest checkpoints to keep"""
-    resume: str | None = None
-    """a run folder (its newest checkpoint) or one checkpoint folder to continue, in the same run folder"""
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """on a non-finite loss: stop the run (its checkpoints kept), or skip that update"""
     fast: bool = True
     """the fast update, same loss and gradients to float tolerance (benchmarks/RESULTS.md): Adam's fused kernel on
     CPU and CUDA, channels-last convolutions on CPU; --no-fast: the plain update"""
-    buffer_device: Literal["host", "cuda"] = "host"
-    """where the replay frames live: host memory, or the training GPU (about 7.1 GB per 1M transitions)"""
 
     env_id: str = "BreakoutNoFrameskip-v4"
     """the id of the environment"""

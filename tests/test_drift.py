@@ -5,7 +5,8 @@ and lines are taken from each script's source by name (ast), so a one-character 
 - the quantile Huber loss in qrdqn.py, nc_qrdqn.py and iqn.py (the paper's, divided by kappa), and the fixed
   quantile fractions in qrdqn.py and nc_qrdqn.py;
 - the categorical projection and the per-sample cross-entropy in c51.py and rainbow.py;
-- in every script: ``linear_schedule``, the --adam-eps check, the --fast lines with the Adam optimizer, and the
+- the flags for running (RunFlags) are declared once, and every script's Args subclasses it;
+- in every script: ``linear_schedule``, the start-or-restore lines, the --adam-eps check, the --fast lines with the Adam optimizer, and the
   update (the ``compute_loss`` call, the visible --on-nonfinite skip, ``zero_grad``, ``backward``, ``step``),
   which reads nothing back from the device unless --on-nonfinite skip asks.
 
@@ -85,6 +86,13 @@ def update_lines(source: str) -> tuple[str, str]:
     return segment(source, steps[first : first + 1]), segment(source, steps[first + 1 : last + 1])
 
 
+def restore_lines(source: str) -> str:
+    """``learning_starts = args.learning_starts`` and the start-or-restore ``if`` after it"""
+    body = main_block(source).body
+    first = next(i for i, s in enumerate(body) if ast.unparse(s) == "learning_starts = args.learning_starts")
+    return segment(source, body[first : first + 2])
+
+
 def drift(texts: dict[str, str]) -> list[str]:
     """the names whose text differs from the first one's"""
     (first, reference), *others = texts.items()
@@ -100,6 +108,7 @@ def all_drift(scripts: dict[str, str]) -> list[str]:
     found += [f"fast lines: {d}" for d in drift({name: fast_lines(s) for name, s in scripts.items()})]
     found += [f"--adam-eps check: {d}" for d in drift({name: adam_eps_check(s) for name, s in scripts.items()})]
     found += [f"update: {d}" for d in drift({name: update_lines(s)[1] for name, s in scripts.items()})]
+    found += [f"start or restore: {d}" for d in drift({name: restore_lines(s) for name, s in scripts.items()})]
     dqn, double = functions["dqn"], functions["double_dqn"]
     found += [
         f"double_dqn.{name} differs from dqn's"
@@ -157,6 +166,7 @@ def test_the_adam_line_carries_the_flag_and_every_script_has_it():
         ("double_dqn", "    slope = (end_e - start_e) / duration", "    slope = (end_e - start_e)/duration"),
         ("dqn", "gather(1, data.actions.unsqueeze(1))", "gather(1, data.actions.unsqueeze(-1))"),  # vs double
         ("rainbow", "must be > 0 and finite (this", "must be > 0 and finite  (this"),  # the --adam-eps check
+        ("qrdqn", "learning_starts += global_step", "learning_starts = global_step"),  # the restore lines
     ],
 )
 def test_a_one_character_change_in_one_copy_is_caught(script, original, changed):
@@ -166,3 +176,24 @@ def test_a_one_character_change_in_one_copy_is_caught(script, original, changed)
     scripts[script] = scripts[script].replace(original, changed, 1)
     found = all_drift(scripts)
     assert found, f"{script}: {original!r} -> {changed!r} went unnoticed"
+
+
+def test_the_flags_for_running_are_declared_once_and_every_script_has_them():
+    """--torch-threads, --run-dir, the checkpoint flags, --resume and --buffer-device live in RunFlags only"""
+    import dataclasses
+
+    from cleanrl_utils.run_flags import RunFlags
+
+    shared = {field.name for field in dataclasses.fields(RunFlags)}
+    for path in sorted((REPO / "algos").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        [args] = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Args"]
+        assert [ast.unparse(base) for base in args.bases] == ["RunFlags"], path.name
+        declared = {s.target.id for s in args.body if isinstance(s, ast.AnnAssign)}
+        assert not declared & shared, f"{path.name} declares {sorted(declared & shared)} again"
+
+
+def test_the_template_starts_and_restores_as_the_scripts_do():
+    template = (REPO / "algos" / "custom_value_atari.py").read_text()
+    assert restore_lines(template) == restore_lines(sources()["dqn"])
+    assert "checkpointer.restore()" in restore_lines(template)
