@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,9 +22,34 @@ def run_script(script: str, *args: str, timeout: float = 60, tmp_path: Path) -> 
     return run_python(f"algos/{script}.py", *args, "--run-dir", str(tmp_path / "runs"), timeout=timeout)
 
 
+def run_cases(script: str, cases: list[list[str]], tmp_path: Path, timeout: float = 600) -> list[dict]:
+    """Run ``algos/<script>.py`` once per argument list, all in one process (tests/script_cases.py), case i
+    with ``--run-dir <tmp_path>/<i>/runs``. Each result: ``status`` (None: not stopped within 60 s), ``stdout``,
+    ``stderr`` and ``runs``, the folder that must stay empty."""
+    runs = [tmp_path / str(i) / "runs" for i in range(len(cases))]
+    (tmp_path / "cases.json").write_text(
+        json.dumps([[*c, "--run-dir", str(r)] for c, r in zip(cases, runs, strict=True)])
+    )
+    out = tmp_path / "results.json"
+    done = run_python(
+        "tests/script_cases.py", f"algos/{script}.py", str(tmp_path / "cases.json"), str(out), timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [{**result, "runs": r} for result, r in zip(json.loads(out.read_text()), runs, strict=True)]
+
+
+def assert_stopped_early(result: dict, words: list[str]) -> None:
+    """a bad flag: a non-zero exit, a message with these words and no traceback, and no run folder"""
+    assert result["status"] not in (0, None), f"{result['argv']} was accepted: {result['stdout'][-1000:]}"
+    assert "Traceback" not in result["stderr"], result["stderr"]
+    for word in words:
+        assert word in result["stderr"], result["stderr"]
+    assert not result["runs"].exists() or not any(result["runs"].iterdir())
+
+
 # ---------------------------------------------------------------- tiers: `pytest -m "not e2e"` is the unit tier
 
-RUNS_A_PROGRAM = {"run_python", "run_script", "Popen", "subprocess"}
+RUNS_A_PROGRAM = {"run_python", "run_script", "run_cases", "Popen", "subprocess"}
 
 
 def _is_test_code(value: object) -> bool:

@@ -1,5 +1,5 @@
 """Munchausen DQN (algos/mdqn.py): its target against naive float64 loops (and planted bugs against them),
-terminal handling, learning on the toy tasks, a short real run on Breakout, and its bad flags."""
+terminal handling, learning on the toy tasks, a short real run on Breakout; its bad flags are in test_bad_input.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO, run_python, run_script
-from test_bad_input import case
 from test_end_to_end import TAGS, check_evaluation, read_json, scalars
 from test_learning import TASK_PARAMS, train
 from torch import nn
@@ -210,26 +209,3 @@ def test_breakout_saved_model_evaluates(breakout):
 def test_qnetwork_builds_from_the_action_count(mdqn):
     net = mdqn.QNetwork(4)
     assert net(torch.zeros(2, 4, 84, 84, dtype=torch.uint8)).shape == (2, 4)
-
-
-BAD = [
-    case("--m-tau", "0", words=["--m-tau", "> 0"]),
-    case("--m-tau", "-0.03", words=["--m-tau"]),
-    case("--m-alpha", "1.5", words=["--m-alpha", "[0, 1]"]),
-    case("--m-alpha", "-0.1", words=["--m-alpha"]),
-    case("--m-alpha", "nan", words=["--m-alpha"]),
-    case("--m-l0", "0", words=["--m-l0", "< 0"]),
-    case("--m-l0", "0.5", words=["--m-l0"]),
-    case("--adam-eps", "0", words=["--adam-eps"]),
-]
-
-
-@pytest.mark.parametrize(("flags", "words"), BAD)
-def test_bad_flag_stops_early_with_a_message(flags, words, tmp_path):
-    done = run_script("mdqn", *flags, timeout=120, tmp_path=tmp_path)
-    assert done.returncode != 0, done.stdout
-    assert "Traceback" not in done.stderr, done.stderr
-    for word in words:
-        assert word in done.stderr, done.stderr
-    runs = tmp_path / "runs"
-    assert not runs.exists() or not any(runs.iterdir())
