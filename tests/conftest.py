@@ -6,7 +6,11 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,6 +51,89 @@ def assert_stopped_early(result: dict, words: list[str]) -> None:
     assert not result["runs"].exists() or not any(result["runs"].iterdir())
 
 
+# ---------------------------------------------------------------- the runs the end-to-end tests read back
+
+# learning fast on the toy tasks of tests/toy_envs.py (their values lie in [0, 1]; optimum 1, random 0.5)
+FAST_LEARNING = [
+    "--learning-starts", "200", "--buffer-size", "2000", "--train-frequency", "1",
+    "--target-network-frequency", "50", "--learning-rate", "5e-4", "--exploration-fraction", "0.5",
+    "--eval-every", "0", "--eval-episodes", "20", "--eval-epsilon", "0", "--device", "cpu",
+]  # fmt: skip
+# DelayedImage in 1000 steps, 600 updates (seeds 1, 2 and 3 reach the optimum with every script; see
+# tests/test_scripts.py), with a checkpoint at step 800 that the exact-resume test continues from
+TOY_RUN = [
+    "--env-id", "tests.toy_envs:DelayedImage-v0", "--total-timesteps", "1000", *FAST_LEARNING,
+    "--learning-starts", "400", "--checkpoint-every", "800", "--checkpoint-buffer", "--save-model",
+]  # fmt: skip
+TOY_RUN_OWN = {"iqn": ["--n-tau-samples", "16", "--n-tau-prime-samples", "16", "--n-quantile-samples", "8"]}
+# Breakout: 200 steps of learning (50 updates) after 900 of random play, a TRAIN_METRICS line at step 1000, an
+# evaluation game at step 1000 and one at the end, and the saved model
+BREAKOUT_RUN = [
+    "--total-timesteps", "1100", "--learning-starts", "900", "--buffer-size", "2000",
+    "--target-network-frequency", "500", "--exploration-fraction", "0.5", "--eval-every", "1000",
+    "--eval-episodes", "1", "--eval-epsilon", "0.05", "--save-model", "--device", "cpu",
+]  # fmt: skip
+
+
+class Run(NamedTuple):
+    stdout: str
+    dir: Path
+
+
+def _cached_runs(tmp_path_factory, flags_of) -> Callable[[str], Run]:
+    """one run per script per session, made on first use: its standard output and its run folder"""
+    runs: dict[str, Run] = {}
+
+    def run(script: str) -> Run:
+        if script not in runs:
+            tmp_path = tmp_path_factory.mktemp(script)
+            done = run_script(script, *flags_of(script), timeout=900, tmp_path=tmp_path)
+            assert done.returncode == 0, done.stderr[-3000:]
+            [run_dir] = (tmp_path / "runs").iterdir()
+            runs[script] = Run(done.stdout, run_dir)
+        return runs[script]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def toy_run(tmp_path_factory) -> Callable[[str], Run]:
+    """``toy_run(script)``: the script's run of TOY_RUN (DelayedImage, with a checkpoint at step 800)"""
+    return _cached_runs(tmp_path_factory, lambda script: [*TOY_RUN, *TOY_RUN_OWN.get(script, [])])
+
+
+@pytest.fixture(scope="session")
+def breakout_run(tmp_path_factory) -> Callable[[str], Run]:
+    """``breakout_run(script)``: the script's run of BREAKOUT_RUN"""
+    return _cached_runs(tmp_path_factory, lambda script: BREAKOUT_RUN)
+
+
+def read_json(path: Path):
+    return json.loads(path.read_text())
+
+
+def scalars(run: Path) -> dict[str, list]:
+    """every TensorBoard scalar of a run folder, by tag, read back from the event files"""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: events.Scalars(tag) for tag in events.Tags()["scalars"]}
+
+
+def check_evaluation(entry: dict, episodes: int, n_actions: int, forced_per_game: int = 2 + 3 * 4) -> None:
+    """``forced_per_game``: steps the protocol plays for the agent in a whole game, not in the histogram;
+    Breakout: FIRE and 2 at the start, NOOP, FIRE and 2 after each of 4 life losses; Pong: FIRE and 2."""
+    import numpy as np
+
+    returns = entry["episodic_returns"]
+    assert len(returns) == len(entry["episodic_lengths"]) == episodes
+    assert entry["mean"] == pytest.approx(np.mean(returns))
+    assert entry["std"] == pytest.approx(np.std(returns))
+    assert len(entry["action_histogram"]) == n_actions
+    assert sum(entry["action_histogram"]) == sum(entry["episodic_lengths"]) - episodes * forced_per_game
+
+
 # ---------------------------------------------------------------- tiers: `pytest -m "not e2e"` is the unit tier
 
 RUNS_A_PROGRAM = {"run_python", "run_script", "run_cases", "Popen", "subprocess"}
@@ -77,8 +164,6 @@ def _runs_a_program(function: object, seen: set[int], depth: int = 3) -> bool:
 def pytest_collection_modifyitems(config, items):
     """Mark ``e2e`` every test that runs a program (directly, through a helper of the tests, or through a
     fixture that does), so that ``pytest -m "not e2e"`` runs the unit tier alone."""
-    import pytest
-
     for item in items:
         functions = [item.function]
         for name in item.fixturenames:
@@ -87,3 +172,20 @@ def pytest_collection_modifyitems(config, items):
         seen: set[int] = set()
         if any(_runs_a_program(f, seen) for f in functions):
             item.add_marker(pytest.mark.e2e)
+        group = _shared_run_group(item)
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _shared_run_group(item) -> str | None:
+    """Under pytest-xdist (`--dist loadgroup`), the tests that read one run go to one worker, so that the run
+    is made once: a script's toy and Breakout runs (conftest's session fixtures), or a test module's own
+    module-scoped fixture (one group per parameter)."""
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    if {"toy_run", "breakout_run"} & set(item.fixturenames):
+        return "runs of " + str(params.get("script") or item.path.stem.removeprefix("test_"))
+    for name in item.fixturenames:
+        for definition in item._fixtureinfo.name2fixturedefs.get(name, ()):
+            if definition.scope == "module" and definition.baseid:
+                return f"{item.path.stem}::{name}[{params.get(name, '')}]"
+    return None

@@ -3,7 +3,8 @@ checkpoints, non-finite losses, and a resumed real game. Real subprocess runs of
 
 Exactness: on CPU with a fixed seed, a run interrupted (at a random moment) and resumed with
 ``--checkpoint-buffer`` ends with the same network weights as an uninterrupted run BIT FOR BIT
-(``torch.equal``): the checkpoint holds every RNG, the replay memory and the toy environments' state.
+(``torch.equal``): the checkpoint holds every RNG, the replay memory and the toy environments' state. Every
+script's exact resume from a periodic checkpoint is in tests/test_scripts.py.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def curve_steps(run_dir: Path, tag: str) -> list[int]:
 
 
 _UNINTERRUPTED: dict[str, Path] = {}
+# the tests that read dqn's reference run go to one worker under pytest-xdist, which makes it once
+REFERENCE = pytest.mark.xdist_group("dqn reference run")
 
 
 def uninterrupted_run(script: str, tmp_path_factory) -> Path:
@@ -106,7 +109,10 @@ def resume(run_dir: Path, script: str = "dqn") -> subprocess.CompletedProcess:
     return done
 
 
-@pytest.mark.parametrize("script", ["dqn", "custom_value_atari"])
+@pytest.mark.parametrize(
+    "script",
+    [pytest.param("dqn", marks=REFERENCE), "custom_value_atari"],
+)
 def test_sigterm_writes_a_checkpoint_exits_0_and_the_resumed_run_is_bit_identical(script, tmp_path_factory, tmp_path):
     uninterrupted = uninterrupted_run(script, tmp_path_factory)
     process = start(REPO / "algos" / f"{script}.py", tmp_path)
@@ -125,6 +131,7 @@ def test_sigterm_writes_a_checkpoint_exits_0_and_the_resumed_run_is_bit_identica
     assert_same_run(run_dir, uninterrupted)
 
 
+@REFERENCE
 def test_kill_9_at_a_random_moment_then_resume_finishes_whole_and_bit_identical(uninterrupted, tmp_path):
     process = start(REPO / "algos" / "dqn.py", tmp_path)
     run_dir = wait_for_checkpoint(tmp_path, process)
@@ -139,6 +146,7 @@ def test_kill_9_at_a_random_moment_then_resume_finishes_whole_and_bit_identical(
     assert len(list_checkpoints(run_dir)) <= 3  # --checkpoint-keep 3
 
 
+@REFERENCE
 def test_bad_checkpoints_are_refused_and_the_older_one_offered(uninterrupted, tmp_path):
     checkpoints = list_checkpoints(uninterrupted)
     assert [c.name for c in checkpoints] == ["step_000000001000", "step_000000000500"]
@@ -258,39 +266,6 @@ def test_a_resume_whose_first_logging_step_comes_before_its_first_update_finishe
     assert receipt["status"] == "finished" and receipt["counts"]["env_steps"] == 2100
 
 
-# ---------------------------------------------------------------- every script resumes exactly
-
-SCRIPTS = sorted(p.stem for p in (REPO / "algos").glob("*.py"))
-SHORT = [
-    "--env-id", "tests.toy_envs:DelayedImage-v0", "--total-timesteps", "600", "--learning-starts", "100",
-    "--buffer-size", "500", "--train-frequency", "2", "--target-network-frequency", "50", "--eval-every", "0",
-    "--eval-episodes", "2", "--device", "cpu", "--checkpoint-every", "200", "--checkpoint-buffer", "--save-model",
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_every_script_resumed_from_a_checkpoint_ends_bit_identical(script, tmp_path):
-    """Each script's run, resumed from its step-200 checkpoint (replay memory, every RNG and the toy games
-    included), ends with the weights of the run that went straight through."""
-    done = run_python(f"algos/{script}.py", *SHORT, "--run-dir", str(tmp_path / "straight"), timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    [straight] = (tmp_path / "straight").iterdir()
-    copy = tmp_path / "resumed" / straight.name
-    copy.parent.mkdir()
-    subprocess.run(["cp", "-r", str(straight), str(copy)], check=True)
-    for model in copy.glob("*.cleanrl_model"):
-        model.unlink()
-    again = run_python(f"algos/{script}.py", "--resume", str(copy / "checkpoints" / "step_000000000200"), timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resumed from" in again.stdout and "games continued" in again.stdout, again.stdout[-2000:]
-    a, b = weights(straight), weights(copy)
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), (
-            f"{script}: {key} differs after resume (max {(a[key] - b[key]).abs().max()})"
-        )
-
-
 # ---------------------------------------------------------------- optimizer state across layouts
 
 
@@ -343,6 +318,7 @@ def test_optimizer_moments_take_their_parameters_layout_on_load():
         assert all(v.stride() == p.stride() for v in fixed.state[p].values() if v.shape == p.shape)
 
 
+@REFERENCE
 def test_resume_given_the_run_dir_resumes_its_one_run_or_lists_several(uninterrupted, tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -370,6 +346,7 @@ def test_resume_given_the_run_dir_resumes_its_one_run_or_lists_several(uninterru
     assert "resumed from" in one.stdout and (runs / "first" / "dqn.cleanrl_model").exists()
 
 
+@REFERENCE
 def test_a_checkpoint_that_used_a_flag_the_script_no_longer_has_is_refused(uninterrupted, tmp_path):
     """dqn.py's Rainbow flags moved to rainbow.py: a run that had --prioritized on must not silently resume
     without it; flags left at their off values resume with a word."""

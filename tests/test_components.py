@@ -23,10 +23,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, run_python
+from conftest import FAST_LEARNING, REPO, run_python
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_buffer import FRAME, STACK, RandomStreams, fill, naive_n_step
-from test_learning import FAST_LEARNING
 from test_rainbow import naive_cross_entropies, naive_dueling_log_probs, naive_projection
 from torch import nn
 

@@ -21,8 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, run_python
-from test_learning import FAST_LEARNING
+from conftest import FAST_LEARNING, REPO, run_python
 
 from cleanrl_utils import benchmark, results
 from cleanrl_utils.buffer import ReplayBatch

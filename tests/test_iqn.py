@@ -1,21 +1,18 @@
 """IQN (algos/iqn.py): the quantile Huber loss at sampled fractions, the cosine embedding network and the target
 against naive float64 loops (and planted bugs that the comparison catches), no bootstrap after a terminal,
-learning on a toy task, a short Breakout run read back as a user would, and bad flags. No mocks."""
+and its own settings on the shared Breakout run. Learning the toy task, exact resume and
+the standard outputs of a real run are in test_scripts.py, bad flags in test_bad_input.py. No mocks."""
 
 from __future__ import annotations
 
 import json
 import math
-import re
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, run_python, run_script
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_learning import FAST_LEARNING, TASKS
+from conftest import REPO
 
 from cleanrl_utils.evaluation import load_algorithm
 
@@ -223,81 +220,13 @@ def test_defaults_are_the_papers():
     assert (args.kappa, args.learning_rate, args.target_network_frequency) == (1.0, 5e-5, 10_000)
 
 
-# ---------------------------------------------------------------- 2. learning on a toy task
-
-# FAST_LEARNING's flags with fewer steps and updates (600: seeds 1, 2 and 3 all reached the optimum in 600), and
-# fewer sampled fractions than the paper's 64 / 64 / 32 (an update costs about in proportion), so that the test
-# stays short
-LEARNING_STEPS = ["--total-timesteps", "1000", "--learning-starts", "400"]
-FEWER_SAMPLES = ["--n-tau-samples", "16", "--n-tau-prime-samples", "16", "--n-quantile-samples", "8"]
+# ---------------------------------------------------------------- 2. its own settings on Breakout
+# (learning the toy task, resuming exactly and the standard outputs: tests/test_scripts.py, on the same runs)
 
 
-def train(task: str, tmp_path: Path, *extra: str) -> tuple[float, float]:
-    """tests/test_learning.py's train with extra flags; returns the final evaluation mean and last Q-value."""
-    command = [str(SCRIPT), "--env-id", f"tests.toy_envs:{task}", "--run-dir", str(tmp_path)]
-    done = run_python(*command, *FAST_LEARNING, *LEARNING_STEPS, *extra, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    q_values = [float(v) for v in re.findall(r"^TRAIN_METRICS .* q_values=(\S+)", done.stdout, re.M)]
-    [run_dir] = tmp_path.iterdir()
-    evaluations = json.loads((run_dir / "evaluations.json").read_text())
-    return evaluations[-1]["mean"], q_values[-1]
-
-
-def test_iqn_reaches_optimal_return_with_sane_values(tmp_path):
-    task = "DelayedImage-v0"
-    assert task in TASKS
-    mean, q_value = train(task, tmp_path, *FEWER_SAMPLES)
-    assert mean >= 0.95, f"iqn on {task}: evaluation mean {mean}, optimum 1, random 0.5"
-    assert 0.0 < q_value < 1.3, f"iqn on {task}: mean Q {q_value}, true values lie in [0, 1]"
-
-
-# ---------------------------------------------------------------- 3. end to end on Breakout
-
-TAGS = ["charts/episodic_return", "losses/td_loss", "losses/q_values", "eval/episodic_return", "charts/epsilon"]
-
-
-@pytest.fixture(scope="module")
-def breakout(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("iqn_breakout")
-    flags = "--total-timesteps 1100 --learning-starts 900 --buffer-size 2000 --target-network-frequency 500"
-    flags += " --exploration-fraction 0.5"  # random play at first: games end (the untrained policy rarely serves)
-    flags += " --eval-every 0 --eval-episodes 1 --eval-epsilon 0.05 --save-model --device cpu"
-    done = run_script("iqn", *flags.split(), timeout=600, tmp_path=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    [run] = (tmp_path / "runs").iterdir()
-    return done.stdout, run
-
-
-def test_breakout_run_leaves_the_standard_outputs(breakout):
-    stdout, run = breakout
-    assert re.fullmatch(r"BreakoutNoFrameskip-v4__iqn__1__\d+", run.name)
-    assert re.search(r"^global_step=\d+, episodic_return=", stdout, re.M)
-    metrics = re.findall(r"^TRAIN_METRICS step=(\d+) td_loss=(\S+) q_values=(\S+)$", stdout, re.M)
-    assert [int(m[0]) for m in metrics] == [1000]
-    td_loss, q_value = float(metrics[0][1]), float(metrics[0][2])
-    assert np.isfinite(td_loss) and td_loss >= 0.0 and np.isfinite(q_value)
-    assert stdout.count("Eval episodic_return: ") == 1 and "Final eval return: " in stdout
-
-    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
-    events.Reload()
-    assert set(TAGS) <= set(events.Tags()["scalars"])
-
-    receipt = json.loads((run / "receipt.json").read_text())
-    assert receipt["status"] == "finished" and receipt["algo"] == "iqn"
-    assert receipt["counts"]["env_steps"] == 1100
-    assert receipt["counts"]["gradient_updates"] == (1100 - 900) // 4
-    assert receipt["args"]["n_tau_samples"] == 64 and receipt["args"]["learning_rate"] == 5e-5
-    [evaluation] = json.loads((run / "evaluations.json").read_text())
-    assert evaluation["final"] and evaluation["step"] == 1100 and len(evaluation["episodic_returns"]) == 1
-    forced = 14 * len(evaluation["episodic_lengths"])  # Breakout: FIRE, 2 at the start; NOOP, FIRE, 2 per life lost
-    assert sum(evaluation["action_histogram"]) == sum(evaluation["episodic_lengths"]) - forced
-
-
-def test_breakout_saved_model_evaluates(breakout):
-    """evaluation rebuilds the network from the saved settings and takes the argmax of its forward output"""
-    model = breakout[1] / "iqn.cleanrl_model"
-    saved = torch.load(model, map_location="cpu", weights_only=True)
+def test_breakout_run_keeps_the_papers_defaults_and_the_model_its_network_settings(breakout_run):
+    stdout, run = breakout_run("iqn")
+    args = json.loads((run / "receipt.json").read_text())["args"]
+    assert args["n_tau_samples"] == 64 and args["learning_rate"] == 5e-5
+    saved = torch.load(run / "iqn.cleanrl_model", map_location="cpu", weights_only=True)
     assert saved["network_kwargs"] == {"n_cos": 64, "n_quantile_samples": 32}
-    done = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "1", "--epsilon", "0.05")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Eval episodic_return:" in done.stdout

@@ -1,5 +1,6 @@
 """Munchausen DQN (algos/mdqn.py): its target against naive float64 loops (and planted bugs against them),
-terminal handling, learning on the toy tasks, a short real run on Breakout; its bad flags are in test_bad_input.py."""
+terminal handling, and its own metrics on the shared Breakout run. Learning the toy task, exact resume and
+the standard outputs of a real run are in test_scripts.py, bad flags in test_bad_input.py. No mocks."""
 
 from __future__ import annotations
 
@@ -9,9 +10,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, run_python, run_script
-from test_end_to_end import TAGS, check_evaluation, read_json, scalars
-from test_learning import TASK_PARAMS, train
+from conftest import REPO, read_json, scalars
 from torch import nn
 
 from cleanrl_utils.buffer import ReplayBuffer
@@ -159,53 +158,21 @@ def test_terminal_target_never_bootstraps_and_truncation_does(mdqn):
     assert (target[~terminal] != (data.rewards + bonus)[~terminal]).all()
 
 
-@pytest.mark.parametrize("task", TASK_PARAMS)
-def test_learns_the_toy_tasks(task, tmp_path):
-    mean, q_value = train(SCRIPT, task, tmp_path)
-    assert mean >= 0.95, f"mdqn on {task}: evaluation mean {mean}, optimum 1, random 0.5"
-    # rewards in [0, 1], at most 2 steps, bonus in [alpha * l0, 0] per step, entropy bonus <= tau * log 2
-    assert -2.0 < q_value < 1.3, f"mdqn on {task}: mean Q {q_value}, true values lie in [-1.8, 1.1]"
-
-
-@pytest.fixture(scope="module")
-def breakout(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("mdqn_breakout")
-    flags = "--total-timesteps 2500 --learning-starts 1000 --buffer-size 5000 --target-network-frequency 500"
-    flags += " --eval-every 0 --eval-episodes 2 --eval-epsilon 0.05 --save-model --device cpu"
-    done = run_script("mdqn", *flags.split(), timeout=900, tmp_path=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    [run] = (tmp_path / "runs").iterdir()
-    return done.stdout, run
-
-
-def test_breakout_run_leaves_the_standard_outputs(breakout):
-    stdout, run = breakout
-    assert re.fullmatch(r"BreakoutNoFrameskip-v4__mdqn__1__\d+", run.name)
-    assert re.search(r"^global_step=\d+, episodic_return=", stdout, re.MULTILINE)
-    line = r"^TRAIN_METRICS step=2000 td_loss=\S+ q_values=\S+ munchausen_bonus=\S+ policy_entropy=\S+$"
-    assert re.search(line, stdout, re.MULTILINE)
-    assert stdout.count("Eval episodic_return: ") == 1 and "Final eval return: " in stdout
-    logged = scalars(run)
-    assert set(TAGS) | {"losses/munchausen_bonus", "losses/policy_entropy"} <= set(logged)
-    assert all(M_ALPHA * M_L0 <= e.value <= 0 for e in logged["losses/munchausen_bonus"])
-    assert all(0 <= e.value <= math.log(4) + 1e-6 for e in logged["losses/policy_entropy"])
-    receipt = read_json(run / "receipt.json")
-    assert receipt["status"] == "finished" and receipt["algo"] == "mdqn"
-    assert receipt["counts"]["env_steps"] == 2500
-    assert receipt["counts"]["gradient_updates"] == (2500 - 1000) // 4
-    assert receipt["args"]["m_alpha"] == M_ALPHA and receipt["args"]["m_tau"] == M_TAU
-    evaluations = read_json(run / "evaluations.json")
-    assert [(e["step"], e["final"]) for e in evaluations] == [(2500, True)]
-    check_evaluation(evaluations[0], episodes=2, n_actions=4)
-
-
-def test_breakout_saved_model_evaluates(breakout):
-    model = breakout[1] / "mdqn.cleanrl_model"
-    done = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "1", "--epsilon", "0.05", timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Eval episodic_return:" in done.stdout
-
-
 def test_qnetwork_builds_from_the_action_count(mdqn):
     net = mdqn.QNetwork(4)
     assert net(torch.zeros(2, 4, 84, 84, dtype=torch.uint8)).shape == (2, 4)
+
+
+# ---------------------------------------------------------------- its own values on Breakout
+# (learning the toy task, resuming exactly and the standard outputs: tests/test_scripts.py, on the same runs)
+
+
+def test_breakout_run_logs_the_bonus_and_the_entropy_in_their_ranges(breakout_run):
+    stdout, run = breakout_run("mdqn")
+    line = r"^TRAIN_METRICS step=1000 td_loss=\S+ q_values=\S+ munchausen_bonus=\S+ policy_entropy=\S+$"
+    assert re.search(line, stdout, re.MULTILINE)
+    logged = scalars(run)
+    assert all(M_ALPHA * M_L0 <= e.value <= 0 for e in logged["losses/munchausen_bonus"])
+    assert all(0 <= e.value <= math.log(4) + 1e-6 for e in logged["losses/policy_entropy"])
+    args = read_json(run / "receipt.json")["args"]
+    assert args["m_alpha"] == M_ALPHA and args["m_tau"] == M_TAU

@@ -1,6 +1,7 @@
 """Non-crossing QR-DQN (algos/nc_qrdqn.py): the quantile Huber loss and the target against naive float64 loops
 (and planted bugs against them), quantiles that never cross whatever the weights and the input, terminal handling,
-learning on the toy tasks, a short real run on Breakout; its bad flags are in test_bad_input.py."""
+and its own metrics on the shared Breakout run. Learning the toy task, exact resume and
+the standard outputs of a real run are in test_scripts.py, bad flags in test_bad_input.py. No mocks."""
 
 from __future__ import annotations
 
@@ -10,9 +11,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, run_python, run_script
-from test_end_to_end import TAGS, check_evaluation, read_json, scalars
-from test_learning import TASK_PARAMS, train
+from conftest import REPO, read_json, scalars
 from torch import nn
 
 from cleanrl_utils.buffer import ReplayBuffer
@@ -282,48 +281,13 @@ def test_terminal_target_is_the_reward_and_truncation_bootstraps(nc):
     assert not torch.isclose(other[~terminal], target[~terminal]).all()
 
 
-# ---------------------------------------------------------------- runs
+# ---------------------------------------------------------------- its own values on Breakout
+# (learning the toy task, resuming exactly and the standard outputs: tests/test_scripts.py, on the same runs)
 
 
-@pytest.mark.parametrize("task", TASK_PARAMS)
-def test_learns_the_toy_tasks(task, tmp_path):
-    mean, q_value = train(SCRIPT, task, tmp_path)
-    assert mean >= 0.95, f"nc_qrdqn on {task}: evaluation mean {mean}, optimum 1, random 0.5"
-    assert 0.0 < q_value < 1.3, f"nc_qrdqn on {task}: mean Q {q_value}, true values lie in [0, 1]"
-
-
-@pytest.fixture(scope="module")
-def breakout(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("nc_qrdqn_breakout")
-    flags = "--total-timesteps 2500 --learning-starts 1000 --buffer-size 5000 --target-network-frequency 500"
-    flags += " --eval-every 0 --eval-episodes 2 --eval-epsilon 0.05 --save-model --device cpu"
-    done = run_script("nc_qrdqn", *flags.split(), timeout=900, tmp_path=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    [run] = (tmp_path / "runs").iterdir()
-    return done.stdout, run
-
-
-def test_breakout_run_leaves_the_standard_outputs(breakout):
-    stdout, run = breakout
-    assert re.fullmatch(r"BreakoutNoFrameskip-v4__nc_qrdqn__1__\d+", run.name)
-    assert re.search(r"^global_step=\d+, episodic_return=", stdout, re.MULTILINE)
-    assert re.search(r"^TRAIN_METRICS step=2000 td_loss=\S+ q_values=\S+ crossing_rate=0$", stdout, re.MULTILINE)
-    assert stdout.count("Eval episodic_return: ") == 1 and "Final eval return: " in stdout
-    logged = scalars(run)
-    assert set(TAGS) | {"losses/crossing_rate"} <= set(logged)
-    assert [(e.step, e.value) for e in logged["losses/crossing_rate"]] == [(2000, 0.0)]
-    receipt = read_json(run / "receipt.json")
-    assert receipt["status"] == "finished" and receipt["algo"] == "nc_qrdqn"
-    assert receipt["counts"]["env_steps"] == 2500
-    assert receipt["counts"]["gradient_updates"] == (2500 - 1000) // 4
-    assert receipt["args"]["n_quantiles"] == 200 and receipt["args"]["kappa"] == 1.0
-    evaluations = read_json(run / "evaluations.json")
-    assert [(e["step"], e["final"]) for e in evaluations] == [(2500, True)]
-    check_evaluation(evaluations[0], episodes=2, n_actions=4)
-
-
-def test_breakout_saved_model_evaluates(breakout):
-    model = breakout[1] / "nc_qrdqn.cleanrl_model"
-    done = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "1", "--epsilon", "0.05", timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Eval episodic_return:" in done.stdout
+def test_breakout_run_logs_no_crossing(breakout_run):
+    stdout, run = breakout_run("nc_qrdqn")
+    assert re.search(r"^TRAIN_METRICS step=1000 td_loss=\S+ q_values=\S+ crossing_rate=0$", stdout, re.M)
+    assert [(e.step, e.value) for e in scalars(run)["losses/crossing_rate"]] == [(1000, 0.0)]
+    args = read_json(run / "receipt.json")["args"]
+    assert args["n_quantiles"] == 200 and args["kappa"] == 1.0

@@ -1,6 +1,7 @@
 """QR-DQN (algos/qrdqn.py): the quantile Huber loss and the quantile targets against naive float64 loops (and
-planted bugs that the comparison catches), no bootstrap after a terminal, the crossing rate, learning on the
-toy tasks, a short Breakout run read back as a user would, and bad flags. No mocks."""
+planted bugs that the comparison catches), no bootstrap after a terminal, the crossing rate, and its own
+metrics on the shared Breakout run. Learning the toy task, exact resume and the standard outputs of a real run are
+in test_scripts.py, bad flags in test_bad_input.py. No mocks."""
 
 from __future__ import annotations
 
@@ -11,9 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, run_python, run_script
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_learning import TASK_PARAMS, train
+from conftest import REPO, scalars
 
 from cleanrl_utils.evaluation import load_algorithm
 
@@ -176,62 +175,15 @@ def test_terminal_transitions_never_bootstrap():
     assert not torch.allclose(targets[0][5], targets[1][5], atol=1e-4)  # a non-terminal one did bootstrap
 
 
-# ---------------------------------------------------------------- 3. learning on the toy tasks
+# ---------------------------------------------------------------- 3. its own values on Breakout
+# (learning the toy task, resuming exactly and the standard outputs: tests/test_scripts.py, on the same runs)
 
 
-@pytest.mark.parametrize("task", TASK_PARAMS)
-def test_qrdqn_reaches_optimal_return_with_sane_values(task, tmp_path):
-    mean, q_value = train(SCRIPT, task, tmp_path)
-    assert mean >= 0.95, f"qrdqn on {task}: evaluation mean {mean}, optimum 1, random 0.5"
-    assert 0.0 < q_value < 1.3, f"qrdqn on {task}: mean Q {q_value}, true values lie in [0, 1]"
-
-
-# ---------------------------------------------------------------- 4. end to end on Breakout
-
-TAGS = ["charts/episodic_return", "losses/td_loss", "losses/q_values", "losses/crossing_rate", "eval/episodic_return"]
-
-
-@pytest.fixture(scope="module")
-def breakout(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("qrdqn_breakout")
-    flags = "--total-timesteps 2500 --learning-starts 1000 --buffer-size 5000 --target-network-frequency 500"
-    flags += " --eval-every 0 --eval-episodes 2 --eval-epsilon 0.05 --save-model --device cpu"
-    done = run_script("qrdqn", *flags.split(), timeout=600, tmp_path=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    [run] = (tmp_path / "runs").iterdir()
-    return done.stdout, run
-
-
-def test_breakout_run_leaves_the_standard_outputs(breakout):
-    stdout, run = breakout
-    assert re.fullmatch(r"BreakoutNoFrameskip-v4__qrdqn__1__\d+", run.name)
-    assert re.search(r"^global_step=\d+, episodic_return=", stdout, re.M)
-    pattern = r"^TRAIN_METRICS step=(\d+) td_loss=(\S+) q_values=(\S+) crossing_rate=(\S+)$"
-    metrics = re.findall(pattern, stdout, re.M)
-    assert [int(m[0]) for m in metrics] == [2000]
-    td_loss, q_value, crossing = (float(v) for v in metrics[0][1:])
-    assert np.isfinite(td_loss) and td_loss >= 0.0 and np.isfinite(q_value)
-    assert 0.0 <= crossing <= 1.0
-    assert stdout.count("Eval episodic_return: ") == 1 and "Final eval return: " in stdout
-
-    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
-    events.Reload()
-    assert set(TAGS) <= set(events.Tags()["scalars"])
-
-    receipt = json.loads((run / "receipt.json").read_text())
-    assert receipt["status"] == "finished" and receipt["algo"] == "qrdqn"
-    assert receipt["counts"]["env_steps"] == 2500
-    assert receipt["counts"]["gradient_updates"] == (2500 - 1000) // 4
-    assert receipt["args"]["n_quantiles"] == 200 and receipt["args"]["learning_rate"] == 5e-5
-    [evaluation] = json.loads((run / "evaluations.json").read_text())
-    assert evaluation["final"] and evaluation["step"] == 2500 and len(evaluation["episodic_returns"]) == 2
-    forced = 14 * len(evaluation["episodic_lengths"])  # Breakout: FIRE, 2 at the start; NOOP, FIRE, 2 per life lost
-    assert sum(evaluation["action_histogram"]) == sum(evaluation["episodic_lengths"]) - forced
-
-
-def test_breakout_saved_model_evaluates(breakout):
-    """evaluation rebuilds the network as QNetwork(n_actions) and takes the argmax of its forward output"""
-    model = breakout[1] / "qrdqn.cleanrl_model"
-    done = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "1", "--epsilon", "0.05")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Eval episodic_return:" in done.stdout
+def test_breakout_run_logs_the_crossing_rate_and_keeps_the_zoo_defaults(breakout_run):
+    stdout, run = breakout_run("qrdqn")
+    pattern = r"^TRAIN_METRICS step=1000 td_loss=\S+ q_values=\S+ crossing_rate=(\S+)$"
+    [crossing] = re.findall(pattern, stdout, re.M)
+    assert 0.0 <= float(crossing) <= 1.0
+    assert [e.step for e in scalars(run)["losses/crossing_rate"]] == [1000]
+    args = json.loads((run / "receipt.json").read_text())["args"]
+    assert args["n_quantiles"] == 200 and args["learning_rate"] == 5e-5

@@ -1,22 +1,20 @@
 """Rainbow (algos/rainbow.py): the dueling head, the projection of the Double-DQN n-step target and the
 per-transition cross-entropy against naive float64 loops (and planted bugs that the comparison catches), no
-bootstrap after a terminal, noisy layers off in evaluation, the beta schedule, learning on a toy task, a short
-Breakout run read back as a user would, and bad flags. No mocks."""
+bootstrap after a terminal, noisy layers off in evaluation, the beta schedule, and its own
+metrics on the shared Breakout run. Learning the toy task, exact resume and
+the standard outputs of a real run are in test_scripts.py, bad flags in test_bad_input.py. No mocks."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, run_python, run_script
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_learning import FAST_LEARNING, TASKS
+from conftest import REPO, scalars
 
 from cleanrl_utils.evaluation import load_algorithm
 
@@ -255,88 +253,30 @@ def test_defaults_are_the_papers():
     assert (args.start_e, args.end_e) == (None, None)  # resolved at start: 0 with noisy layers (the receipts)
 
 
-# ---------------------------------------------------------------- 2. learning on a toy task
-
-# Rainbow's own exploration (noisy layers, epsilon 0) and prioritized replay; the 3-step return stops at the
-# two-step episodes' end. FAST_LEARNING's flags with fewer steps and updates than the six scripts use (600
-# updates: seeds 1, 2 and 3 all reached the optimum in 600 updates), so that the test stays short.
-LEARNING_STEPS = ["--total-timesteps", "1000", "--learning-starts", "400"]
+# ---------------------------------------------------------------- 2. its own values on Breakout
+# (learning the toy task, resuming exactly and the standard outputs: tests/test_scripts.py, on the same runs)
 
 
-def train(task: str, tmp_path: Path, *extra: str) -> tuple[float, float]:
-    """tests/test_learning.py's train with extra flags; returns the final evaluation mean and last Q-value."""
-    command = [str(SCRIPT), "--env-id", f"tests.toy_envs:{task}", "--run-dir", str(tmp_path)]
-    done = run_python(*command, *FAST_LEARNING, *LEARNING_STEPS, *extra, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    q_values = [float(v) for v in re.findall(r"^TRAIN_METRICS .* q_values=(\S+)", done.stdout, re.M)]
-    [run_dir] = tmp_path.iterdir()
-    evaluations = json.loads((run_dir / "evaluations.json").read_text())
-    return evaluations[-1]["mean"], q_values[-1]
-
-
-def test_rainbow_reaches_optimal_return_with_sane_values(tmp_path):
-    task = "DelayedImage-v0"
-    assert task in TASKS
-    mean, q_value = train(task, tmp_path)
-    assert mean >= 0.95, f"rainbow on {task}: evaluation mean {mean}, optimum 1, random 0.5"
-    assert 0.0 < q_value < 1.3, f"rainbow on {task}: mean Q {q_value}, true values lie in [0, 1]"
-
-
-# ---------------------------------------------------------------- 3. end to end on Breakout
-
-TAGS = ["charts/episodic_return", "losses/td_loss", "losses/q_values", "losses/beta", "losses/noisy_sigma"]
-TAGS += ["eval/episodic_return", "charts/epsilon"]
-
-
-@pytest.fixture(scope="module")
-def breakout(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("rainbow_breakout")
-    flags = "--total-timesteps 1100 --learning-starts 900 --buffer-size 2000 --target-network-frequency 500"
-    flags += " --eval-every 0 --eval-episodes 1 --eval-epsilon 0.05 --save-model --device cpu"
-    done = run_script("rainbow", *flags.split(), timeout=600, tmp_path=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    [run] = (tmp_path / "runs").iterdir()
-    return done.stdout, run
-
-
-def test_breakout_run_leaves_the_standard_outputs(breakout):
-    stdout, run = breakout
-    assert re.fullmatch(r"BreakoutNoFrameskip-v4__rainbow__1__\d+", run.name)
-    assert re.search(r"^global_step=\d+, episodic_return=", stdout, re.M)
-    pattern = r"^TRAIN_METRICS step=(\d+) td_loss=(\S+) q_values=(\S+) beta=(\S+) noisy_sigma=(\S+)$"
-    metrics = re.findall(pattern, stdout, re.M)
-    assert [int(m[0]) for m in metrics] == [1000]
-    td_loss, q_value, beta, sigma = (float(v) for v in metrics[0][1:])
+def test_breakout_run_logs_beta_and_sigma_and_explores_by_noise_alone(breakout_run):
+    stdout, run = breakout_run("rainbow")
+    pattern = r"^TRAIN_METRICS step=1000 td_loss=(\S+) q_values=(\S+) beta=(\S+) noisy_sigma=(\S+)$"
+    [metrics] = re.findall(pattern, stdout, re.M)
+    td_loss, q_value, beta, sigma = (float(v) for v in metrics)
     assert 0.0 < td_loss < 10.0  # a cross-entropy over 51 atoms: log(51) = 3.9 against a uniform prediction
     assert -10.0 <= q_value <= 10.0  # an expectation on the support
     assert beta == pytest.approx(0.4 + 0.6 * 1000 / 1100, abs=1e-3)  # annealed towards 1 over the run
     assert 0.0 < sigma < 0.1  # sigma_0 / sqrt(512) = 0.022 at the start
-    assert stdout.count("Eval episodic_return: ") == 1 and "Final eval return: " in stdout
-
-    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
-    events.Reload()
-    assert set(TAGS) <= set(events.Tags()["scalars"])
-    assert all(e.value == 0.0 for e in events.Scalars("charts/epsilon"))  # the noisy layers explore
-
-    receipt = json.loads((run / "receipt.json").read_text())
-    assert receipt["status"] == "finished" and receipt["algo"] == "rainbow"
-    assert receipt["counts"]["env_steps"] == 1100
-    assert receipt["counts"]["gradient_updates"] == (1100 - 900) // 4
-    assert receipt["args"]["n_step"] == 3 and receipt["args"]["learning_rate"] == 6.25e-5
-    assert (receipt["args"]["start_e"], receipt["args"]["end_e"]) == (0.0, 0.0)  # the noisy layers explore
-    [evaluation] = json.loads((run / "evaluations.json").read_text())
-    assert evaluation["final"] and evaluation["step"] == 1100 and len(evaluation["episodic_returns"]) == 1
-    forced = 14 * len(evaluation["episodic_lengths"])  # Breakout: FIRE, 2 at the start; NOOP, FIRE, 2 per life lost
-    assert sum(evaluation["action_histogram"]) == sum(evaluation["episodic_lengths"]) - forced
+    logged = scalars(run)
+    assert {"losses/beta", "losses/noisy_sigma"} <= set(logged)
+    assert all(e.value == 0.0 for e in logged["charts/epsilon"])  # the noisy layers explore
+    args = json.loads((run / "receipt.json").read_text())["args"]
+    assert args["n_step"] == 3 and args["learning_rate"] == 6.25e-5
+    assert (args["start_e"], args["end_e"]) == (0.0, 0.0)
 
 
-def test_breakout_saved_model_evaluates(breakout):
-    """evaluation rebuilds the network from the saved settings (noisy sigma included) in evaluation mode"""
-    model = breakout[1] / "rainbow.cleanrl_model"
-    saved = torch.load(model, map_location="cpu", weights_only=True)
+def test_breakout_model_records_its_network_settings(breakout_run):
+    """evaluation rebuilds the network from these (noisy sigma included), in evaluation mode"""
+    saved = torch.load(breakout_run("rainbow").dir / "rainbow.cleanrl_model", map_location="cpu", weights_only=True)
     assert saved["network_kwargs"] == {
         "n_atoms": 51, "v_min": -10.0, "v_max": 10.0, "noisy_sigma": 0.5, "dueling": True, "noisy": True
     }  # fmt: skip
-    done = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "1", "--epsilon", "0.05")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Eval episodic_return:" in done.stdout
