@@ -108,6 +108,14 @@ def breakout_run(tmp_path_factory) -> Callable[[str], Run]:
     return _cached_runs(tmp_path_factory, lambda script: BREAKOUT_RUN)
 
 
+def weights(run_dir: Path) -> dict:
+    """the network weights of a run's saved model (``--save-model``)"""
+    import torch
+
+    [model] = run_dir.glob("*.cleanrl_model")
+    return torch.load(model, weights_only=True)["state_dict"]
+
+
 def read_json(path: Path):
     return json.loads(path.read_text())
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, run_python
+from conftest import REPO, run_python, weights
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanrl_utils.checkpoint import CheckpointError, list_checkpoints, read_checkpoint
@@ -50,11 +50,6 @@ def wait_for_checkpoint(run_root: Path, process: subprocess.Popen, timeout: floa
         assert process.poll() is None, process.communicate()
         time.sleep(0.02)
     raise AssertionError("no checkpoint appeared")
-
-
-def weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    [model] = run_dir.glob("*.cleanrl_model")
-    return torch.load(model, weights_only=True)["state_dict"]
 
 
 def curve_steps(run_dir: Path, tag: str) -> list[int]:

@@ -30,6 +30,7 @@ from conftest import (
     run_python,
     run_script,
     scalars,
+    weights,
 )
 
 SCRIPTS = ["dqn", "double_dqn", "c51", "qrdqn", "mdqn", "nc_qrdqn", "iqn", "rainbow"]
@@ -51,11 +52,6 @@ TAGS = [
 
 def last_q_value(stdout: str) -> float:
     return [float(v) for v in re.findall(r"^TRAIN_METRICS .* q_values=(\S+)", stdout, re.M)][-1]
-
-
-def weights(run_dir) -> dict[str, torch.Tensor]:
-    [model] = run_dir.glob("*.cleanrl_model")
-    return torch.load(model, weights_only=True)["state_dict"]
 
 
 # ---------------------------------------------------------------- 1. learning a toy task, and resuming it exactly
