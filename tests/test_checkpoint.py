@@ -27,11 +27,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from cleanrl_utils.checkpoint import CheckpointError, list_checkpoints, read_checkpoint
 
 TOTAL = 1500
+# one torch thread, fixed, for exactness (tests/conftest.py's FAST_LEARNING says why)
 TOY = [
     "--env-id", "tests.toy_envs:DelayedImage-v0", "--total-timesteps", str(TOTAL), "--learning-starts", "200",
     "--buffer-size", "1000", "--train-frequency", "2", "--target-network-frequency", "50", "--learning-rate", "5e-4",
     "--exploration-fraction", "0.5", "--eval-every", "700", "--eval-episodes", "4", "--device", "cpu",
-    "--checkpoint-every", "500", "--checkpoint-buffer", "--save-model",
+    "--checkpoint-every", "500", "--checkpoint-buffer", "--save-model", "--torch-threads", "1",
 ]  # fmt: skip
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "CI": "true"}
 
