@@ -62,10 +62,11 @@ FAST_LEARNING = [
     "--eval-every", "0", "--eval-episodes", "20", "--eval-epsilon", "0", "--device", "cpu", "--torch-threads", "1",
 ]  # fmt: skip
 # DelayedImage in 1000 steps, 600 updates (seeds 1, 2 and 3 reach the optimum with every script; see
-# tests/test_scripts.py), with a checkpoint at step 800 that the exact-resume test continues from
+# tests/test_scripts.py), with a checkpoint at step 900 that the exact-resume test continues from (100 updates and
+# two target-network syncs to go)
 TOY_RUN = [
     "--env-id", "tests.toy_envs:DelayedImage-v0", "--total-timesteps", "1000", *FAST_LEARNING,
-    "--learning-starts", "400", "--checkpoint-every", "800", "--checkpoint-buffer", "--save-model",
+    "--learning-starts", "400", "--checkpoint-every", "900", "--checkpoint-buffer", "--save-model",
 ]  # fmt: skip
 TOY_RUN_OWN = {"iqn": ["--n-tau-samples", "16", "--n-tau-prime-samples", "16", "--n-quantile-samples", "8"]}
 # Breakout: 200 steps of learning (50 updates) after 900 of random play, a TRAIN_METRICS line at step 1000, an
@@ -100,7 +101,7 @@ def _cached_runs(tmp_path_factory, flags_of) -> Callable[[str], Run]:
 
 @pytest.fixture(scope="session")
 def toy_run(tmp_path_factory) -> Callable[[str], Run]:
-    """``toy_run(script)``: the script's run of TOY_RUN (DelayedImage, with a checkpoint at step 800)"""
+    """``toy_run(script)``: the script's run of TOY_RUN (DelayedImage, with a checkpoint at step 900)"""
     return _cached_runs(tmp_path_factory, lambda script: [*TOY_RUN, *TOY_RUN_OWN.get(script, [])])
 
 
@@ -171,6 +172,7 @@ def _runs_a_program(function: object, seen: set[int], depth: int = 3) -> bool:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's hook, which reads the xdist_group marks set here
 def pytest_collection_modifyitems(config, items):
     """Mark ``e2e`` every test that runs a program (directly, through a helper of the tests, or through a
     fixture that does), so that ``pytest -m "not e2e"`` runs the unit tier alone."""
@@ -190,12 +192,14 @@ def pytest_collection_modifyitems(config, items):
 def _shared_run_group(item) -> str | None:
     """Under pytest-xdist (`--dist loadgroup`), the tests that read one run go to one worker, so that the run
     is made once: a script's toy and Breakout runs (conftest's session fixtures), or a test module's own
-    module-scoped fixture (one group per parameter)."""
+    session-scoped fixture (one group per parameter). Session, not module, scope: a worker may run another
+    module's tests between a group's, and pytest then tears module fixtures down and makes them again."""
     params = item.callspec.params if hasattr(item, "callspec") else {}
     if {"toy_run", "breakout_run"} & set(item.fixturenames):
         return "runs of " + str(params.get("script") or item.path.stem.removeprefix("test_"))
     for name in item.fixturenames:
         for definition in item._fixtureinfo.name2fixturedefs.get(name, ()):
-            if definition.scope == "module" and definition.baseid:
-                return f"{item.path.stem}::{name}[{params.get(name, '')}]"
+            if definition.scope in ("module", "session") and definition.baseid.endswith(".py"):
+                # no "]" in the name: pytest-xdist reads a group only after the nodeid's last "]"
+                return f"{item.path.stem} {name} {params.get(name, '')}".rstrip()
     return None

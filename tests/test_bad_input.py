@@ -114,7 +114,7 @@ TABLE += [(script, *c) for script, cases in OWN.items() for c in cases]
 TABLE += [(script, tuple(flags), [flags[0]], False) for script, flags in REMOVED]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # made once (tests/conftest.py's _shared_run_group)
 def stopped(tmp_path_factory):
     """the result of one case, run with the rest of its script's cases on first use"""
     results: dict[str, dict] = {}

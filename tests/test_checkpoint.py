@@ -26,13 +26,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from cleanrl_utils.checkpoint import CheckpointError, list_checkpoints, read_checkpoint
 
-TOTAL = 1500
+TOTAL = 1000  # 400 updates; checkpoints at 300, 600 and 900, evaluations at 400, 800 and the end
 # one torch thread, fixed, for exactness (tests/conftest.py's FAST_LEARNING says why)
 TOY = [
     "--env-id", "tests.toy_envs:DelayedImage-v0", "--total-timesteps", str(TOTAL), "--learning-starts", "200",
     "--buffer-size", "1000", "--train-frequency", "2", "--target-network-frequency", "50", "--learning-rate", "5e-4",
-    "--exploration-fraction", "0.5", "--eval-every", "700", "--eval-episodes", "4", "--device", "cpu",
-    "--checkpoint-every", "500", "--checkpoint-buffer", "--save-model", "--torch-threads", "1",
+    "--exploration-fraction", "0.5", "--eval-every", "400", "--eval-episodes", "4", "--device", "cpu",
+    "--checkpoint-every", "300", "--checkpoint-buffer", "--save-model", "--torch-threads", "1",
 ]  # fmt: skip
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "CI": "true"}
 
@@ -95,7 +95,7 @@ def assert_same_run(resumed: Path, reference: Path) -> None:
         assert steps == curve_steps(reference, tag), tag
         assert len(steps) == len(set(steps)), f"{tag} has duplicate steps"
     evaluations = json.loads((resumed / "evaluations.json").read_text())
-    assert [e["step"] for e in evaluations] == [700, 1400, TOTAL]
+    assert [e["step"] for e in evaluations] == [400, 800, TOTAL]
 
 
 def resume(run_dir: Path, script: str = "dqn") -> subprocess.CompletedProcess:
@@ -145,10 +145,10 @@ def test_kill_9_at_a_random_moment_then_resume_finishes_whole_and_bit_identical(
 @REFERENCE
 def test_bad_checkpoints_are_refused_and_the_older_one_offered(uninterrupted, tmp_path):
     checkpoints = list_checkpoints(uninterrupted)
-    assert [c.name for c in checkpoints] == ["step_000000001000", "step_000000000500"]
+    assert [c.name for c in checkpoints] == ["step_000000000900", "step_000000000600", "step_000000000300"]
     copy = tmp_path / uninterrupted.name
     subprocess.run(["cp", "-r", str(uninterrupted), str(copy)], check=True)
-    newest, older = list_checkpoints(copy)
+    newest, older, _ = list_checkpoints(copy)
     state_file = newest / "state.pt"
 
     cases = {
@@ -163,7 +163,7 @@ def test_bad_checkpoints_are_refused_and_the_older_one_offered(uninterrupted, tm
         assert done.returncode != 0 and "Traceback" not in done.stderr, (name, done.stderr)
         assert f"refusing checkpoint {newest}" in done.stderr and f"--resume {older}" in done.stderr, done.stderr
         assert state_file.read_bytes() == content, "a refused checkpoint must be left as it was"
-    assert read_checkpoint(older, "dqn.py").step == 500  # the older one still loads
+    assert read_checkpoint(older, "dqn.py").step == 600  # the older one still loads
 
     done = run_python("algos/double_dqn.py", "--resume", str(older), timeout=120)
     assert done.returncode != 0 and "written by dqn.py, not double_dqn.py" in done.stderr, done.stderr
@@ -196,11 +196,12 @@ def test_a_planted_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpo
     assert process.returncode == 1, err[-3000:]
     [run_dir] = (tmp_path / "runs").iterdir()
     assert "non-finite td_loss=nan" in err and "at step 1000" in err, err  # the first metrics step after the fault
-    assert f"the last good checkpoint is {run_dir / 'checkpoints' / 'step_000000000500'}" in err, err
+    assert "not checkpointing at step 900: the network holds non-finite values" in out, out[-2000:]
+    assert f"the last good checkpoint is {run_dir / 'checkpoints' / 'step_000000000600'}" in err, err
     receipt = json.loads((run_dir / "receipt.json").read_text())
     assert receipt["status"].startswith("failed: non-finite td_loss=nan") and "at step 1000" in receipt["status"]
     state = read_checkpoint(list_checkpoints(run_dir)[0], "dqn.py").state
-    assert state["global_step"] == 500
+    assert state["global_step"] == 600
     assert all(torch.isfinite(t).all() for t in state["q_network"].values())
 
 
@@ -246,11 +247,12 @@ def test_a_real_game_resumes_with_new_games_and_an_empty_replay(tmp_path):
 
 def test_a_resume_whose_first_logging_step_comes_before_its_first_update_finishes(tmp_path):
     """Resumed without the replay memory, learning restarts after step 1,999: the metrics of step 2,000 are
-    due before the resumed process has made an update (one per 4 steps), and must simply wait for one."""
+    due before the resumed process has made an update (one per 16 steps: few updates, the test is not about them),
+    and must simply wait for one."""
     flags = [
         "--env-id", "tests.toy_envs:ImageBandit-v0", "--total-timesteps", "2100", "--learning-starts", "499",
         "--buffer-size", "1000", "--checkpoint-every", "1500", "--eval-every", "0", "--eval-episodes", "1",
-        "--device", "cpu", "--run-dir", str(tmp_path),
+        "--train-frequency", "16", "--device", "cpu", "--run-dir", str(tmp_path),
     ]  # fmt: skip
     first = run_python("algos/dqn.py", *flags, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
@@ -327,7 +329,7 @@ def test_resume_given_the_run_dir_resumes_its_one_run_or_lists_several(uninterru
     assert several.returncode == 2 and "Traceback" not in several.stderr
     assert "is a folder of 2 runs, 2 of them dqn runs with a checkpoint" in several.stderr, several.stderr
     for name in ("first", "second"):
-        assert f"{runs / name}  (dqn, finished, newest checkpoint at step 1000)" in several.stderr
+        assert f"{runs / name}  (dqn, finished, newest checkpoint at step 900)" in several.stderr
     assert "the run wrote none" not in several.stderr
 
     other = run_python("algos/c51.py", "--resume", str(runs), timeout=120)  # runs of another script only

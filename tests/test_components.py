@@ -414,7 +414,7 @@ ABLATIONS = {"n-step-1": ["--n-step", "1"], "no-prioritized": ["--no-prioritized
 STEPS = ["--total-timesteps", "1000", "--learning-starts", "500", "--train-frequency", "2", "--save-model"]
 
 
-@pytest.fixture(scope="module", params=list(ABLATIONS))
+@pytest.fixture(scope="session", params=list(ABLATIONS))  # made once (tests/conftest.py's _shared_run_group)
 def ablation_run(request, tmp_path_factory) -> tuple[str, str, Path]:
     name = request.param
     tmp_path = tmp_path_factory.mktemp(f"rainbow_{name}")

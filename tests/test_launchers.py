@@ -56,7 +56,7 @@ def test_shell_launchers_pass_shellcheck():
     assert done.returncode == 0, done.stdout
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # made once (tests/conftest.py's _shared_run_group)
 def grid(tmp_path_factory):
     """A real 3-run grid on the toy tasks with 2 workers; one run fails on purpose."""
     root = tmp_path_factory.mktemp("grid")

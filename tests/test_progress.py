@@ -78,7 +78,9 @@ def test_every_script_logs_the_recent_rate():
 def test_a_resumed_run_logs_its_own_rate_not_one_diluted_by_the_earlier_process(tmp_path):
     """The checkpoint says the earlier process trained for 11 days (a slow machine, or a long pause): the
     resumed process's steps/s is its own, not 1,100 steps over 11 days (0 in the old formula)."""
-    flags = [*TINY, "--total-timesteps", "1500", "--checkpoint-every", "1000", "--eval-every", "0"]
+    # learning from step 1200 only: the rates, not the updates, are under test
+    flags = [*TINY, "--total-timesteps", "1500", "--learning-starts", "1200", "--checkpoint-every", "1000"]
+    flags += ["--eval-every", "0"]
     first = run_python("algos/dqn.py", *flags, "--run-dir", str(tmp_path), timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     [run_dir] = tmp_path.iterdir()
@@ -250,7 +252,7 @@ def test_a_second_sigterm_during_the_final_evaluation_exits_at_once_and_the_rece
 # ---------------------------------------------------------------- the evaluation command
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # made once (tests/conftest.py's _shared_run_group)
 def saved_model(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("model")
     done = run_python("algos/dqn.py", *TINY, "--total-timesteps", "300", "--save-model", "--run-dir", str(root),

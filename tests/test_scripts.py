@@ -3,7 +3,7 @@ task and on a real game, and read back from what it leaves. No mocks.
 
 - Each script learns DelayedImage-v0 (tests/toy_envs.py: the cue's value arrives only through bootstrapping, so a
   broken target fails it) to the optimum, with a sane logged Q-value.
-- The same run, continued from its step-800 checkpoint (replay memory, every RNG and the toy games included),
+- The same run, continued from its step-900 checkpoint (replay memory, every RNG and the toy games included),
   ends with the same weights, bit for bit.
 - Each script's short Breakout run prints the standard lines, writes the TensorBoard tags, counts the run in its
   receipt, records a periodic and a final evaluation, and its saved model plays with the evaluation command.
@@ -68,13 +68,13 @@ def test_learns_the_delayed_reward_task(script, toy_run):
 
 @pytest.mark.parametrize("script", [*SCRIPTS, TEMPLATE])
 def test_resumed_from_a_checkpoint_ends_bit_identical(script, toy_run, tmp_path):
-    """the toy run, continued from its step-800 checkpoint in a copy of its folder, ends with its weights"""
+    """the toy run, continued from its step-900 checkpoint in a copy of its folder, ends with its weights"""
     straight = toy_run(script).dir
     copy = tmp_path / straight.name
     subprocess.run(["cp", "-r", str(straight), str(copy)], check=True)
     for model in copy.glob("*.cleanrl_model"):
         model.unlink()
-    again = run_python(f"algos/{script}.py", "--resume", str(copy / "checkpoints" / "step_000000000800"), timeout=600)
+    again = run_python(f"algos/{script}.py", "--resume", str(copy / "checkpoints" / "step_000000000900"), timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout and "games continued" in again.stdout, again.stdout[-2000:]
     a, b = weights(straight), weights(copy)
