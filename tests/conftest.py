@@ -192,8 +192,8 @@ def pytest_collection_modifyitems(config, items):
 def _shared_run_group(item) -> str | None:
     """Under pytest-xdist (`--dist loadgroup`), the tests that read one run go to one worker, so that the run
     is made once: a script's toy and Breakout runs (conftest's session fixtures), or a test module's own
-    session-scoped fixture (one group per parameter). Session, not module, scope: a worker may run another
-    module's tests between a group's, and pytest then tears module fixtures down and makes them again."""
+    module- or session-scoped fixture (one group per parameter); the costly ones are session-scoped, so that a
+    worker makes each once whatever order it runs its tests in."""
     params = item.callspec.params if hasattr(item, "callspec") else {}
     if {"toy_run", "breakout_run"} & set(item.fixturenames):
         return "runs of " + str(params.get("script") or item.path.stem.removeprefix("test_"))
