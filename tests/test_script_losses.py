@@ -162,6 +162,12 @@ def argmax(values) -> int:
     return values.index(max(values))
 
 
+def tau_log_pi(row: list[float], t: float) -> list[float]:
+    """t log softmax(row / t)"""
+    log_z = math.log(sum(math.exp(x / t) for x in row))
+    return [t * (x / t - log_z) for x in row]
+
+
 def huber(u: torch.Tensor, kappa: float) -> torch.Tensor:
     return 0.5 * u * u if abs(float(u)) <= kappa else kappa * (u.abs() - 0.5 * kappa)
 
@@ -199,13 +205,8 @@ def reference(case: str, online, target, q_network, target_network, data, args, 
                 y = r[i] + args.gamma * not_done[i] * next_q_target[i][argmax(next_q_online[i])]
             else:  # Munchausen: pi = softmax(Q_target / tau), the clipped alpha tau log pi(a|s) bonus, a soft value
                 t = args.m_tau
-
-                def tau_log_pi(row: list[float]) -> list[float]:
-                    log_z = math.log(sum(math.exp(x / t) for x in row))
-                    return [t * (x / t - log_z) for x in row]
-
-                bonus = args.m_alpha * min(max(tau_log_pi(q_target_s[i])[a_taken[i]], args.m_l0), 0.0)
-                next_log = tau_log_pi(next_q_target[i])
+                bonus = args.m_alpha * min(max(tau_log_pi(q_target_s[i], t)[a_taken[i]], args.m_l0), 0.0)
+                next_log = tau_log_pi(next_q_target[i], t)
                 soft = sum(math.exp(lp / t) * (qv - lp) for qv, lp in zip(next_q_target[i], next_log, strict=True))
                 y = r[i] + bonus + args.gamma * not_done[i] * soft
             u = y - q[i][a_taken[i]]
