@@ -10,6 +10,7 @@ imports the module before making the environment), with the repository root on P
   0. Optimal return 1 (Q* = gamma at the cue), random 0.5: the cue's value only arrives through
   bootstrapping, so a learner without a working target fails it.
 - ``CrashingBandit-v0``: ImageBandit that raises after 150 steps (a failing run).
+- ``ScaledBandit-v0``: ImageBandit paying 5 and -3 instead of 1 and 0 (reward clipping shows).
 """
 
 from __future__ import annotations
@@ -101,3 +102,15 @@ class CrashingBandit(ImageBandit):
 gym.register(id="ImageBandit-v0", entry_point=ImageBandit)
 gym.register(id="CrashingBandit-v0", entry_point=CrashingBandit)
 gym.register(id="DelayedImage-v0", entry_point=DelayedImage)
+
+
+class ScaledBandit(ImageBandit):
+    """ImageBandit paying 5 for the cue's action and -3 for the other: rewards outside [-1, 1], so that the
+    learner's clipped rewards and the logged raw returns differ."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, 5.0 if reward > 0 else -3.0, terminated, truncated, info
+
+
+gym.register(id="ScaledBandit-v0", entry_point=ScaledBandit)
