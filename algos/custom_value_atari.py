@@ -20,7 +20,7 @@ from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
 from cleanrl_utils.checkpoint import Checkpointer, continue_run
 from cleanrl_utils.checks import CpuThreads, check_memory, fail, pick_buffer_device, pick_device, validate_common_args
 from cleanrl_utils.encoder import NatureCNN
-from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
+from cleanrl_utils.envs import OBSERVATION_SHAPE, EnvIdError, TrainEnvs, check_env_id
 from cleanrl_utils.evaluation import evaluate
 from cleanrl_utils.run import Run
 from cleanrl_utils.run_flags import RunFlags
@@ -48,6 +48,9 @@ class Args(RunFlags):  # + the shared flags for running: threads, run folder, ch
     """whether to record the evaluation games as MP4 in the run folder"""
     save_model: bool = False
     """whether to save the model into the run folder"""
+    fast: bool = True
+    """the fast update, same loss and gradients to float tolerance (benchmarks/RESULTS.md): Adam's fused kernel on
+    CPU and CUDA, channels-last convolutions on CPU; --no-fast: the plain update"""
 
     env_id: str = "BreakoutNoFrameskip-v4"
     """the id of the environment"""
@@ -83,6 +86,8 @@ class Args(RunFlags):  # + the shared flags for running: threads, run folder, ch
     """whole games per evaluation"""
     eval_epsilon: float = 0.01
     """epsilon of the evaluation policy (0: greedy)"""
+    adam_eps: float = 1e-8
+    """the epsilon of the Adam optimizer (Adam's default, as CleanRL)"""
     parameter_budget: int | None = None
     """trainable parameters allowed (default: the Nature encoder + the largest head among the reference
     algorithms for the game's action count, printed at start-up); another value is not a fair comparison"""
@@ -94,7 +99,8 @@ class Args(RunFlags):  # + the shared flags for running: threads, run folder, ch
 # (freeze target networks with .requires_grad_(False): every parameter that requires gradients counts
 # against the budget) and the optimizer; select_action(obs, epsilon) -> one integer action per
 # environment; update(batch, global_step) -> dict of metrics with at least td_loss and q_values (floats or
-# one-element tensors: loss.detach() spares the GPU a wait at every update).
+# one-element tensors: loss.detach() spares the GPU a wait at every update); update_target_network(tau), which
+# the loop calls each time the step passes a multiple of --target-network-frequency (a pass if you have none).
 # batch: observations, actions, rewards, next_observations, dones (tensors on the device).
 class QNetwork(nn.Module):
     def __init__(self, envs):
@@ -113,11 +119,16 @@ class ValueAlgorithm(ValueAlgorithmBase):
         self.args, self.device = args, device
         self.n_actions = envs.single_action_space.n
         self.q_network = QNetwork(envs).to(device)
-        self.optimizer = optim.Adam(self.q_network.parameters(), lr=args.learning_rate)
         self.target_network = QNetwork(envs).to(device).requires_grad_(False)
         self.target_network.load_state_dict(self.q_network.state_dict())
-        self.rng = np.random.default_rng(args.seed)
-        self.last_update_step = args.learning_starts
+        if args.fast and device.type == "cpu":  # --fast: channels-last convolutions, which oneDNN runs faster on CPU
+            self.q_network.to(memory_format=torch.channels_last)
+            self.target_network.to(memory_format=torch.channels_last)
+        fused = args.fast and device.type in ("cpu", "cuda")  # --fast: Adam's fused kernel (None: torch's default)
+        self.optimizer = optim.Adam(
+            self.q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=fused or None
+        )
+        self.rng = np.random.default_rng(args.seed)  # the acting generator, seeded as algos/dqn.py's loop's
 
     def select_action(self, obs, epsilon):
         actions = self.rng.integers(0, self.n_actions, len(obs))
@@ -138,16 +149,11 @@ class ValueAlgorithm(ValueAlgorithmBase):
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
-
-        # update the target network once global_step passes a multiple of --target-network-frequency
-        frequency = self.args.target_network_frequency
-        if global_step // frequency > self.last_update_step // frequency:
-            for target_param, q_param in zip(
-                self.target_network.parameters(), self.q_network.parameters(), strict=True
-            ):
-                target_param.data.copy_(self.args.tau * q_param.data + (1.0 - self.args.tau) * target_param.data)
-        self.last_update_step = global_step
         return {"td_loss": loss.detach(), "q_values": old_val.detach().mean()}
+
+    def update_target_network(self, tau):
+        for target_param, q_param in zip(self.target_network.parameters(), self.q_network.parameters(), strict=True):
+            target_param.data.copy_(tau * q_param.data + (1.0 - tau) * target_param.data)
 
 
 # ==================================== end of EDITABLE ====================================
@@ -167,6 +173,8 @@ if __name__ == "__main__":
     validate_common_args(args)
     cpu_threads = CpuThreads(args.torch_threads)  # fewer torch threads while other processes hold cores
     torch.set_num_threads(cpu_threads.choose())
+    if not (np.isfinite(args.adam_eps) and args.adam_eps > 0):
+        fail(f"--adam-eps {args.adam_eps} must be > 0 and finite (this script's default: {Args.adam_eps})")
     if args.parameter_budget is not None and args.parameter_budget <= 0:
         fail(f"--parameter-budget {args.parameter_budget} must be a positive integer (or left out for the default)")
     try:
@@ -187,9 +195,10 @@ if __name__ == "__main__":
     except EnvIdError as error:
         fail(str(error))
     algorithm = ValueAlgorithm(envs, device, args)
-    obs = envs.reset()
-    # the rules: unmodified encoder, parameter budget, Q-values and actions of the right shape
-    q_network = check_algorithm(algorithm, QNetwork, envs, obs, device, args.parameter_budget)
+    # the rules: unmodified encoder, parameter budget, Q-values and actions of the right shape (tried on blank
+    # frames: the games are reset once, below, as algos/dqn.py resets them)
+    blank = np.zeros((args.num_envs, *OBSERVATION_SHAPE), dtype=np.uint8)
+    q_network = check_algorithm(algorithm, QNetwork, envs, blank, device, args.parameter_budget)
     rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed, storage_device=buffer_device)
     run = Run(args, __file__, device, resumed)  # the run folder appears once everything is allocated
     checkpointer = Checkpointer(run, resumed, replay=rb, envs=envs, algorithm=algorithm)
@@ -202,7 +211,7 @@ if __name__ == "__main__":
         obs, global_step, update_credit, start_time, replay_restored = checkpointer.restore()
         if not replay_restored:  # an empty replay memory refills before learning again
             learning_starts += global_step
-    metrics = None
+    metrics = None  # the latest update's metrics (tensors), read when logged
     while global_step < args.total_timesteps:
         previous_step = global_step
         epsilon = linear_schedule(
@@ -228,6 +237,10 @@ if __name__ == "__main__":
             if global_step // 1000 > previous_step // 1000 and metrics is not None:
                 if not run.train_metrics(global_step, metrics, q_network):  # non-finite loss or weights
                     sys.exit(1)  # the checkpoints written so far stay as they are
+
+            # update target network
+            if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
+                algorithm.update_target_network(args.tau)
 
         with run.timed("environment"):
             step = envs.recv()

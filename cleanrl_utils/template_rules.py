@@ -1,7 +1,7 @@
 """The rules of algos/custom_value_atari.py, the fair-comparison template for new algorithms.
 
 A custom algorithm is a ``QNetwork`` (a head over the fixed Nature encoder) and a
-``ValueAlgorithm`` (networks, optimizer, ``select_action``, ``update``); everything else is the
+``ValueAlgorithm`` (networks, optimizer, ``select_action``, ``update``, ``update_target_network``); everything else is the
 template's fixed part. These checks run at start-up (and on every action and update), and each
 stops the run with one line that says what is wrong and how to fix it:
 
@@ -349,11 +349,12 @@ def check_algorithm(
 
     ``forward`` and ``select_action`` (at epsilon 0 and 1) are tried on ``obs``; the algorithm's state
     and the global random generators are restored afterwards, so the checks do not change the run."""
-    for method in ("select_action", "update", "state_dict", "load_state_dict"):
+    for method in ("select_action", "update", "update_target_network", "state_dict", "load_state_dict"):
         if not callable(getattr(algorithm, method, None)):
             fail(
                 f"ValueAlgorithm has no {method}() method; it needs select_action(obs, epsilon), "
-                "update(batch, global_step) and, from ValueAlgorithmBase, state_dict() / load_state_dict()"
+                "update(batch, global_step), update_target_network(tau) (a pass where there is no target network) "
+                "and, from ValueAlgorithmBase, state_dict() / load_state_dict()"
             )
     q_network = getattr(algorithm, "q_network", None)
     if not isinstance(q_network, q_network_class):

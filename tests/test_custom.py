@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import FAST_LEARNING, REPO, run_python
+from conftest import FAST_LEARNING, REPO, run_python, weights
 
 from cleanrl_utils import benchmark, results
 from cleanrl_utils.buffer import ReplayBatch
@@ -121,23 +121,26 @@ def test_shipped_template_learns_prints_the_standard_lines_and_its_model_reloads
     assert "Eval episodic_return: 1.0" in again.stdout
 
 
-def test_shipped_template_reproduces_dqn_to_the_number(tmp_path):
-    """Same seed and flags: the same games, losses and evaluations as algos/dqn.py, so the harness
-    (including the start-up try of select_action) changes nothing of the reference protocol."""
-    flags = ["--env-id", BANDIT, "--total-timesteps", "1000", "--learning-starts", "100", "--train-frequency", "8"]
-    flags += ["--batch-size", "8", "--buffer-size", "2000", "--eval-every", "500", "--eval-episodes", "2"]
-    flags += ["--device", "cpu", "--torch-threads", "1"]  # a fixed thread count: the same sums in both
-    outputs = []
-    for script, update in (
-        (TEMPLATE, []),
-        (REPO / "algos" / "dqn.py", ["--no-fast"]),
-    ):  # the template's update is plain
-        done = run_python(str(script), *flags, *update, "--run-dir", str(tmp_path / script.stem), timeout=300)
+def test_shipped_template_reproduces_dqn_to_the_bit(tmp_path):
+    """Same seed and flags, the fast update on in both: the same games, losses, evaluations and final weights as
+    algos/dqn.py, bit for bit, so the harness (the start-up checks, the loop's calls of the algorithm) changes
+    nothing of the reference's protocol or random streams. 3 games, --train-frequency 8 and target syncs every 100
+    steps: the target sync falls between updates, where it comes from the loop and not from an update."""
+    flags = ["--env-id", BANDIT, "--total-timesteps", "1200", "--learning-starts", "100", "--train-frequency", "8"]
+    flags += ["--num-envs", "3", "--target-network-frequency", "100", "--batch-size", "8", "--buffer-size", "2000"]
+    flags += ["--eval-every", "600", "--eval-episodes", "2", "--save-model", "--device", "cpu"]
+    flags += ["--torch-threads", "1"]  # a fixed thread count: the same sums in both
+    outputs, models = [], []
+    for script in (TEMPLATE, REPO / "algos" / "dqn.py"):
+        done = run_python(str(script), *flags, "--run-dir", str(tmp_path / script.stem), timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         kept = r"^(global_step=|TRAIN_METRICS |Eval episodic_return|Final eval return)"
         outputs.append([line for line in done.stdout.splitlines() if re.match(kept, line)])
+        models.append(weights(next((tmp_path / script.stem).iterdir())))
     assert len(outputs[0]) > 500 and any(line.startswith("TRAIN_METRICS") for line in outputs[0])
     assert outputs[0] == outputs[1]
+    assert models[0].keys() == models[1].keys()
+    assert all(torch.equal(models[0][name], models[1][name]) for name in models[0]), "the weights differ"
 
 
 # ---------------------------------------------------------------- 2. the QR-DQN example of the docs
@@ -161,7 +164,7 @@ def naive_quantile_huber(quantiles: np.ndarray, targets: np.ndarray, kappa: floa
 def test_doc_qr_example_loss_matches_a_naive_loop(tmp_path):
     module = load_algorithm(template_with(tmp_path, "doc_qrdqn", doc_example()))
     args = SimpleNamespace(learning_rate=1e-3, batch_size=2, seed=0, learning_starts=0, gamma=0.9, tau=1.0)
-    args.target_network_frequency = 10**9
+    args.target_network_frequency, args.fast = 10**9, False
     envs = SimpleNamespace(single_action_space=SimpleNamespace(n=3))
     torch.manual_seed(0)
     algorithm = module.ValueAlgorithm(envs, torch.device("cpu"), args)
@@ -363,19 +366,22 @@ def test_trainable_parameters_count_each_trained_parameter_once():
 def test_value_algorithm_state_round_trips(tmp_path):
     module = load_algorithm(TEMPLATE)
     args = SimpleNamespace(learning_rate=1e-3, seed=3, learning_starts=0, gamma=0.99, tau=1.0)
-    args.target_network_frequency = 2
+    args.target_network_frequency, args.fast, args.adam_eps = 2, True, 1e-8
     envs = SimpleNamespace(single_action_space=SimpleNamespace(n=4))
     first = module.ValueAlgorithm(envs, torch.device("cpu"), args)
     obs = torch.randint(0, 256, (4, 4, 84, 84), dtype=torch.uint8)
     data = ReplayBatch(obs, torch.tensor([0, 1, 2, 3]), torch.ones(4), obs.flip(0), torch.zeros(4), torch.ones(4))
     first.update(data, 1)
-    first.update(data, 2)  # target copied
+    first.update_target_network(1.0)  # target copied
+    first.update(data, 2)
     first.select_action(obs.numpy(), 0.5)
+    first.n_actions = 5  # a plain number comes back too
     state = copy.deepcopy(first.state_dict())
-    assert set(state) == {"q_network", "optimizer", "target_network", "rng", "n_actions", "last_update_step"}
+    assert set(state) == {"q_network", "optimizer", "target_network", "rng", "n_actions"}
     second = module.ValueAlgorithm(envs, torch.device("cpu"), args)
     second.load_state_dict(state)
-    assert second.last_update_step == 2
+    assert second.n_actions == 5
+    second.n_actions = first.n_actions = 4
     for name in ("q_network", "target_network"):
         for a, b in zip(getattr(first, name).parameters(), getattr(second, name).parameters(), strict=True):
             assert torch.equal(a, b)

@@ -10,11 +10,14 @@ and lines are taken from each script's source by name (ast), so a one-character 
   update (the ``compute_loss`` call, the visible --on-nonfinite skip, ``zero_grad``, ``backward``, ``step``),
   which reads nothing back from the device unless --on-nonfinite skip asks.
 
-algos/custom_value_atari.py, the template whose update is the user's own code, is left out."""
+algos/custom_value_atari.py, the template, runs dqn.py's loop: its loop and what follows it differ from dqn.py's only
+where the algorithm is called (acting, the update, the target sync: TEMPLATE_LOOP_DIFFERENCES), and its shipped DQN
+has dqn.py's --fast lines and --adam-eps check."""
 
 from __future__ import annotations
 
 import ast
+import difflib
 import re
 import textwrap
 
@@ -197,3 +200,83 @@ def test_the_template_starts_and_restores_as_the_scripts_do():
     template = (REPO / "algos" / "custom_value_atari.py").read_text()
     assert restore_lines(template) == restore_lines(sources()["dqn"])
     assert "checkpointer.restore()" in restore_lines(template)
+
+
+# the only lines where the template's loop (and what follows it) differs from dqn.py's: the algorithm's calls
+TEMPLATE_LOOP_DIFFERENCES = """
+-            actions = rng.integers(0, envs.n_actions, args.num_envs)
+-            greedy = rng.random(args.num_envs) >= epsilon
+-            if greedy.any():
+-                with torch.no_grad():
+-                    q_values = q_network(torch.as_tensor(obs[greedy], device=device))
+-                actions[greedy] = q_values.argmax(dim=1).cpu().numpy()
++            actions = check_actions(algorithm.select_action(obs, epsilon), args.num_envs, envs.n_actions, run)
+-                    loss, metrics = compute_loss(q_network, target_network, data, args)
+-                    if args.on_nonfinite == "skip" and not torch.isfinite(loss):  # reads the loss: a host sync
+-                        run.counts["skipped_updates"] += 1
+-                        continue
+-                    optimizer.zero_grad()
+-                    loss.backward()
+-                    optimizer.step()
++                    metrics = algorithm.update(data, global_step)
++                    metrics = check_metrics(metrics, global_step, run, sync=run.counts["gradient_updates"] == 0)
+-                # the only host synchronisation of the loop; a non-finite value stops the run here
+-                for target_param, q_param in zip(target_network.parameters(), q_network.parameters(), strict=True):
+-                    target_param.data.copy_(args.tau * q_param.data + (1.0 - args.tau) * target_param.data)
++                algorithm.update_target_network(args.tau)
+-            checkpointer.save(global_step, obs, update_credit, start_time)
++            checkpointer.save(global_step, obs, update_credit, start_time)  # algorithm.state_dict() and the rest
+""".strip("\n").splitlines()
+
+
+def loop_and_after(source: str) -> list[str]:
+    """the main block from the training loop to its end, as lines"""
+    body = main_block(source).body
+    start = next(i for i, s in enumerate(body) if isinstance(s, ast.While))
+    return segment(source, body[start:]).splitlines()
+
+
+def template_loop_drift(template: str, dqn: str) -> list[str]:
+    changed = [
+        line
+        for line in difflib.unified_diff(loop_and_after(dqn), loop_and_after(template), lineterm="", n=0)
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+    return [] if changed == TEMPLATE_LOOP_DIFFERENCES else changed
+
+
+def template_fast_lines(template: str) -> str:
+    """the shipped ValueAlgorithm's --fast lines through its Adam optimizer, without ``self.``, normalised"""
+    [algorithm] = [n for n in ast.parse(template).body if isinstance(n, ast.ClassDef) and n.name == "ValueAlgorithm"]
+    [init] = [n for n in algorithm.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+    first = next(i for i, s in enumerate(init.body) if isinstance(s, ast.If) and "args.fast" in ast.unparse(s.test))
+    last = next(i for i, s in enumerate(init.body) if isinstance(s, ast.Assign) and "optim.Adam(" in ast.unparse(s))
+    return "\n".join(ast.unparse(s) for s in init.body[first : last + 1]).replace("self.", "")
+
+
+def test_the_template_runs_dqns_loop_with_dqns_fast_lines_and_adam_check():
+    template, dqn = (REPO / "algos" / "custom_value_atari.py").read_text(), sources()["dqn"]
+    assert template_loop_drift(template, dqn) == []
+    dqn_fast = "\n".join(ast.unparse(s) for s in ast.parse(fast_lines(dqn)).body)
+    assert template_fast_lines(template) == dqn_fast
+    assert adam_eps_check(template) == adam_eps_check(dqn)
+
+
+@pytest.mark.parametrize(
+    "in_dqn,original,changed",
+    [
+        (False, "update_credit -= args.train_frequency", "update_credit -= args.num_envs"),
+        (False, "previous_step // args.target_network_frequency:", "previous_step // args.train_frequency:"),
+        (True, "seed=args.seed + 10_000 + 100 *", "seed=args.seed + 10_000 + 10 *"),
+        (False, "algorithm.update_target_network(args.tau)", "algorithm.update_target_network(1.0)"),
+    ],
+)
+def test_a_change_in_the_template_loop_or_dqns_is_caught(in_dqn, original, changed):
+    template, dqn = (REPO / "algos" / "custom_value_atari.py").read_text(), sources()["dqn"]
+    if in_dqn:
+        assert original in dqn
+        dqn = dqn.replace(original, changed, 1)
+    else:
+        assert original in template
+        template = template.replace(original, changed, 1)
+    assert template_loop_drift(template, dqn), f"{original!r} -> {changed!r} went unnoticed"

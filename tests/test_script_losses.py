@@ -376,3 +376,26 @@ def test_a_planted_bug_in_compute_loss_fails_the_comparison(case, bug, original,
     mutant.write_text(source.replace(original, planted))
     loss_gap, q_gap, grad_gap = compare(load_algorithm(mutant), case)
     assert loss_gap > 1e-3 or grad_gap > 1e-2, f"{case}: '{bug}' went unnoticed ({loss_gap:.1e}, {grad_gap:.1e})"
+
+
+def test_the_templates_shipped_update_has_dqns_loss():
+    """algos/custom_value_atari.py's ValueAlgorithm.update (its loss sits inside, before its optimizer step): the
+    loss and q_values it reports against dqn's reference, and the update moves only the online network."""
+    template = load_algorithm(REPO / "algos" / "custom_value_atari.py")
+    dqn = load_algorithm(REPO / "algos" / "dqn.py")
+    q_network, target_network = networks(dqn, "dqn")
+    data, args = make_batch(), script_args(dqn, "dqn")
+    envs = SimpleNamespace(single_action_space=SimpleNamespace(n=N_ACTIONS))
+    settings = SimpleNamespace(**{**vars(args), "fast": False})
+    algorithm = template.ValueAlgorithm(envs, torch.device("cpu"), settings)
+    algorithm.q_network.load_state_dict(q_network.state_dict())
+    algorithm.target_network.load_state_dict(target_network.state_dict())
+    online, target = float64_parameters(q_network, True), float64_parameters(target_network, False)
+    expected, expected_q = reference("dqn", online, target, q_network, target_network, data, args)
+    metrics = algorithm.update(data, global_step=1)
+    assert abs(metrics["td_loss"].item() - expected.item()) / max(1.0, abs(expected.item())) < 1e-5
+    assert abs(metrics["q_values"].item() - expected_q) / max(1.0, abs(expected_q)) < 1e-5
+    pairs = zip(algorithm.target_network.parameters(), target_network.parameters(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs), "the update changed the target network"
+    pairs = zip(algorithm.q_network.parameters(), q_network.parameters(), strict=True)
+    assert not all(torch.equal(a, b) for a, b in pairs), "the update did not step the online network"
