@@ -40,7 +40,7 @@ gym.register_envs(ale_py)
 
 OBSERVATION_SHAPE = (4, 84, 84)
 MAX_FRAMES_PER_EPISODE = 108_000
-NOOP_MAX = 30  # no-op frames at a game's start: 0 to 30 here, 1 to 30 in CleanRL (README, "Protocol")
+NOOP_MAX = 30  # no-op frames at a game's start: 0 to 30 here, 1 to 30 in CleanRL (docs/protocol.md)
 # FIRE is 1 in every minimal action set that has it; 2 is what FireResetEnv presses next
 NOOP, FIRE, AFTER_FIRE = 0, 1, 2
 

@@ -7,16 +7,25 @@ that starts with the first frame four times. CleanRL converts to grayscale and r
 wrappers, which do not match ale-py's C++ path byte for byte; AtariPreprocessing does the same
 operations in the same order as ale-py (ALE's grayscale palette, max-pool, cv2 INTER_AREA), so the
 comparison is byte-exact: every observation the agent acts on, every clipped reward, every learning
-terminal and every whole game's return and length. No-op starts are off in both (their draws come
-from different generators); their range is checked on its own below.
+terminal and every whole game's return and length, for one game at a time and for several at once.
+
+No-op starts, as ale-py plays them (and baselines' NoopResetEnv, beneath the frame skip): after a
+game's reset, 0 to NOOP_MAX (30) raw frames of NOOP, drawn from the sub-environment's own generator
+(seeded by TrainEnvs' reset, ``seed + i`` for game i, and not reseeded at autoresets); then FIRE
+and 2 where the game has FIRE. CleanRL draws 1 to 30 (docs/protocol.md). The reference plays
+the same counts, read from a twin vector environment seeded alike, so its stacks can be compared
+byte for byte too; the range and spread of the draws are checked on their own.
 """
+
+from collections.abc import Iterable, Iterator
 
 import cv2
 import gymnasium as gym
 import numpy as np
 import pytest
+from scipy import stats
 
-from cleanrl_utils.envs import NOOP_MAX, TrainEnvs, make_vector_env, play_episodes
+from cleanrl_utils.envs import NOOP, NOOP_MAX, TrainEnvs, make_vector_env, play_episodes
 
 
 class EpisodicLife(gym.Wrapper):
@@ -61,8 +70,26 @@ class FireReset(gym.Wrapper):
         return obs, info
 
 
-def reference_env(env_id: str) -> gym.Env:
+class NoopFrames(gym.Wrapper):
+    """NoopResetEnv where baselines and CleanRL put it, on the raw game beneath the frame skip, with given
+    counts instead of its own draws: the n-th game start plays ``counts[n]`` frames of NOOP."""
+
+    def __init__(self, env, counts: Iterable[int]):
+        super().__init__(env)
+        self.counts: Iterator[int] = iter(counts)
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        for _ in range(next(self.counts)):
+            obs, _, terminated, truncated, info = self.env.step(NOOP)
+            assert not (terminated or truncated)  # no game ends within 30 frames of its start
+        return obs, info
+
+
+def reference_env(env_id: str, noop_frames: Iterable[int] | None = None) -> gym.Env:
     env = gym.make(env_id)  # NoFrameskip-v4: one frame per step, no sticky actions
+    if noop_frames is not None:
+        env = NoopFrames(env, noop_frames)
     env = gym.wrappers.AtariPreprocessing(env, noop_max=0, frame_skip=4, screen_size=84, grayscale_obs=True)
     env = gym.wrappers.RecordEpisodeStatistics(env)  # whole games, raw score, every step counted
     env = EpisodicLife(env)
@@ -98,8 +125,8 @@ class CleanRLFrames(gym.Wrapper):
         return self.frame(self.screens.max(axis=0)), total, terminated, truncated, info
 
 
-def agent_acts_next(envs: TrainEnvs) -> bool:
-    return envs.forced_actions[0, 0] < 0 and not envs.pending_reset[0]
+def agent_acts_next(envs: TrainEnvs, i: int = 0) -> bool:
+    return envs.forced_actions[i, 0] < 0 and not envs.pending_reset[i]
 
 
 @pytest.mark.parametrize(
@@ -146,6 +173,106 @@ def test_same_game_as_the_reference_wrappers_step_by_step(env_id, games):
     if env_id != "PongNoFrameskip-v4":
         assert life_losses > 0  # the comparison went through lives lost, not only game starts
     assert forced > 0
+
+
+def play_against_references(ours: TrainEnvs, references: list[gym.Env], games: int) -> dict[str, np.ndarray]:
+    """Play every game of ``ours`` against its own reference, step by step, until each has finished ``games``
+    whole games and one has acted in a later game than another (past its autoreset). Each game takes its
+    actions from its own stream, drawn only when its agent acts, so the games drift apart and each reference
+    can replay its game alone; the steps the protocol plays for the agent (forced steps, the autoreset after
+    a game ends) get random actions, which must be ignored. Game i's reference is seeded ``seed + i``, as
+    ale-py seeds sub-environment i (Gymnasium derives another ALE seed from it; without sticky actions the
+    game does not depend on it, only the no-op draws, which the references are given). ale-py returns results
+    in sub-environment order (its ``batch_size`` is ``num_envs``), so TrainEnvs' reordering is not reached
+    here; sending actions to the wrong games, or results read back from the wrong ones, fails."""
+    n = ours.num_envs
+    streams = [np.random.default_rng([1, i]) for i in range(n)]
+    ignored = np.random.default_rng(2)
+    obs = ours.reset()
+    ref_obs = [reference.reset(seed=ours.seed + i)[0] for i, reference in enumerate(references)]
+    finished = np.zeros(n, dtype=np.int64)
+    life_losses = np.zeros(n, dtype=np.int64)
+    forced = np.zeros(n, dtype=np.int64)
+    lengths: list[list[int]] = [[] for _ in range(n)]
+    ahead = 0  # most whole games a game was ahead of another while its agent acted
+    for _ in range(20_000):
+        if finished.min() >= games and ahead >= 1:  # and a game played on, past an autoreset, beside another
+            break
+        acts = np.array([agent_acts_next(ours, i) for i in range(n)])
+        actions = ignored.integers(ours.n_actions, size=n)
+        for i in np.flatnonzero(acts):
+            np.testing.assert_array_equal(obs[i], ref_obs[i], err_msg=f"game {i}")  # what the agent acts on
+            actions[i] = streams[i].integers(ours.n_actions)
+        step = ours.step(actions)
+        np.testing.assert_array_equal(step.mask, acts)
+        ended = {i: (episodic_return, length) for i, episodic_return, length in step.episode_returns}
+        assert sorted(ended) == np.flatnonzero(step.ends).tolist()
+        for i in range(n):
+            if not acts[i]:  # the reference plays these steps inside its reset
+                assert not step.dones[i] and not step.ends[i]
+                forced[i] += 1
+                continue
+            ahead = max(ahead, int(finished[i] - finished.min()))
+            ref_obs[i], reward, terminated, truncated, info = references[i].step(int(actions[i]))
+            np.testing.assert_array_equal(step.next_obs[i], ref_obs[i], err_msg=f"game {i}")
+            assert step.raw_rewards[i] == reward and step.rewards[i] == np.sign(reward)
+            assert step.dones[i] == terminated and step.truncations[i] == truncated
+            assert step.ends[i] == ("episode" in info)
+            if step.ends[i]:
+                assert ended[i] == (info["episode"]["r"], info["episode"]["l"])
+                lengths[i].append(ended[i][1])
+                finished[i] += 1
+            life_losses[i] += int(step.dones[i] and not step.ends[i])
+            if terminated or truncated:
+                ref_obs[i], _ = references[i].reset()
+        obs = step.next_obs
+    else:
+        raise AssertionError(f"{finished} whole games, {ahead} ahead, after 20,000 steps")
+    ours.close()
+    for reference in references:
+        reference.close()
+    first_lengths = np.array([game_lengths[0] for game_lengths in lengths])
+    return dict(life_losses=life_losses, forced=forced, first_lengths=first_lengths)
+
+
+@pytest.mark.parametrize(
+    "env_id,num_envs",
+    [("BreakoutNoFrameskip-v4", 3), ("MsPacmanNoFrameskip-v4", 2)],  # FIRE; none
+)
+def test_several_games_at_once_each_the_reference_game(env_id, num_envs):
+    # Several games in one vector environment, each against its own reference, including a game that plays
+    # on into its next game (autoreset) while others are still in their first.
+    ours = TrainEnvs(env_id, num_envs, seed=3, noop_max=0)
+    played = play_against_references(ours, [reference_env(env_id) for _ in range(num_envs)], games=1)
+    assert (played["life_losses"] > 0).all() and (played["forced"] > 0).all()
+    assert len(set(played["first_lengths"])) > 1  # the games drifted apart
+
+
+def noop_draws(env_id: str, num_envs: int, seed: int, resets: int) -> np.ndarray:
+    """The no-op frames each game start of ``TrainEnvs(env_id, num_envs, seed)`` plays, (resets, num_envs):
+    a twin vector environment seeded as TrainEnvs seeds its own, then reset unseeded, as an autoreset is
+    (each reset draws once from its sub-environment's generator). ale-py reports the frames played since
+    the game's reset as ``episode_frame_number``."""
+    twin = make_vector_env(env_id, num_envs)
+    draws = [twin.reset(seed=seed)[1]["episode_frame_number"]]
+    draws += [twin.reset()[1]["episode_frame_number"] for _ in range(resets - 1)]
+    twin.close()
+    return np.array(draws)
+
+
+@pytest.mark.parametrize("env_id,num_envs", [("BreakoutNoFrameskip-v4", 4), ("MsPacmanNoFrameskip-v4", 2)])
+def test_noop_starts_each_game_the_reference_game_after_as_many_noop_frames(env_id, num_envs):
+    # With no-op starts on, each game equals its reference when that reference plays, at each of its game
+    # starts, as many raw NOOP frames (beneath the frame skip) as ale-py drew: every stack, from the first,
+    # and through autoresets, which draw again. In both games one frame more or fewer gives another first
+    # stack already, so the counts are pinned exactly.
+    seed = 11
+    draws = noop_draws(env_id, num_envs, seed, resets=16)
+    ours = TrainEnvs(env_id, num_envs, seed=seed)  # its own no-op setting (NOOP_MAX), drawn as the twin's
+    references = [reference_env(env_id, noop_frames=draws[:, i].tolist()) for i in range(num_envs)]
+    played = play_against_references(ours, references, games=1)
+    assert len(set(draws[0])) > 1 and len(set(draws[1])) > 1  # the games started apart, and restarted apart
+    assert (played["life_losses"] > 0).all()
 
 
 @pytest.mark.parametrize("env_id", ["BreakoutNoFrameskip-v4", "MsPacmanNoFrameskip-v4"])
@@ -227,12 +354,14 @@ def test_evaluating_a_constant_policy_on_breakout_plays_short_whole_games():
         assert histogram[action] == histogram.sum() > 0  # forced steps are not counted as the agent's
 
 
-def test_noop_starts_draw_0_to_30_frames():
-    envs = make_vector_env("BreakoutNoFrameskip-v4", 16)
-    envs.reset(seed=1000)
-    draws = []
-    for _ in range(32):  # 512 draws; unseeded resets continue each game's generator (no ROM reload)
-        _, info = envs.reset()
-        draws += list(info["episode_frame_number"])
-    envs.close()
+def test_noop_starts_draw_0_to_30_frames_uniformly():
+    # 512 game starts: 4 games seeded 1000 to 1003, then unseeded resets, as autoresets are, which continue
+    # each game's generator (few games: each loads its ROM twice, the costly part). ale-py's
+    # episode_frame_number at a reset is the count of no-op frames played: test_noop_starts_each_game_...
+    # plays each reference with that many and finds every stack equal, and one more or fewer differs. Each of the 31 counts is expected 16.5 times:
+    # a draw from 1 to 30 or 0 to 29 fails, and a correct one misses an end with chance (30/31)^512 = 5e-8;
+    # a constant draw fails, and so does a skewed one (chi-square, 30 degrees of freedom).
+    assert NOOP_MAX == 30  # the protocol's number (Nature DQN, CleanRL)
+    draws = noop_draws("BreakoutNoFrameskip-v4", 4, seed=1000, resets=128).ravel()
     assert min(draws) == 0 and max(draws) == NOOP_MAX and len(set(draws)) == NOOP_MAX + 1
+    assert stats.chisquare(np.bincount(draws, minlength=NOOP_MAX + 1)).pvalue > 1e-3
