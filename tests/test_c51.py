@@ -1,7 +1,8 @@
 """C51 (algos/c51.py): the categorical projection and the cross-entropy against naive float64 loops (and a
-planted bug that the comparison catches), no bootstrap after a terminal, and
-its own metrics on the shared Breakout run. Learning the toy task, exact resume and
-the standard outputs of a real run are in test_scripts.py, bad flags in test_bad_input.py. No mocks."""
+planted bug that the comparison catches), no bootstrap after a terminal, its own metrics on the shared Breakout
+run, and the expected returns of the model the shared toy run saved against the toy task's true values. Learning
+the toy task, exact resume and the standard outputs of a real run are in test_scripts.py, bad flags in
+test_bad_input.py. No mocks."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, weights
+from toy_envs import DelayedImage
 
+from cleanrl_utils.envs import TrainEnvs
 from cleanrl_utils.evaluation import load_algorithm
 
 SCRIPT = REPO / "algos" / "c51.py"
@@ -238,14 +241,80 @@ def test_terminal_transitions_never_bootstrap():
     assert not torch.allclose(targets[0][5], targets[1][5], atol=1e-3)  # a non-terminal one did bootstrap
 
 
-# ---------------------------------------------------------------- 3. its own values on Breakout
+# ---------------------------------------------------------------- 3. its own values on Breakout and the toy task
 # (learning the toy task, resuming exactly and the standard outputs: tests/test_scripts.py, on the same runs)
 
+SUPPORT = torch.tensor([-10.0 + 20.0 * i / 50 for i in range(51)], dtype=torch.float64)  # the default 51 atoms
 
-def test_breakout_run_logs_a_cross_entropy_and_an_expectation_on_the_support(breakout_run):
+
+def expected_returns(probs: torch.Tensor) -> torch.Tensor:
+    """sum_i p_i z_i on the default support, in float64, written here: (..., 51) -> (...)"""
+    return (probs.double() * SUPPORT).sum(dim=-1)
+
+
+def breakout_frames(n: int = 200, seed: int = 7) -> torch.Tensor:
+    """n observations of a Breakout game played at random, as the training games show them"""
+    envs = TrainEnvs("BreakoutNoFrameskip-v4", 1, seed=seed)
+    rng = np.random.default_rng(seed)
+    try:
+        envs.reset()
+        observations = [envs.step(rng.integers(0, 4, 1)).next_obs[0] for _ in range(n)]
+    finally:
+        envs.close()
+    return torch.as_tensor(np.stack(observations))
+
+
+def delayed_image_states(gamma: float = 0.99) -> tuple[torch.Tensor, torch.Tensor]:
+    """DelayedImage-v0's six states (each cue, the good frame after the matching action, the bad frame after the
+    other) and their true values Q*(s, a): gamma for the matching action at the cue, 0 for the other; 1 for every
+    action at the good frame, 0 at the bad one. Returns observations (6, 4, 84, 84) and values (6, 2)."""
+    observations, values = [], []
+    for cue in (0, 1):
+        for action in (cue, 1 - cue):
+            env, seed = DelayedImage(), 0
+            observation, _ = env.reset(seed=seed)
+            while env.cue != cue:
+                seed += 1
+                observation, _ = env.reset(seed=seed)
+            if action == cue:  # the cue itself, once
+                observations.append(observation)
+                values.append([gamma if a == cue else 0.0 for a in (0, 1)])
+            observations.append(env.step(action)[0])
+            values.append([1.0, 1.0] if action == cue else [0.0, 0.0])
+    return torch.as_tensor(np.stack(observations)), torch.tensor(values, dtype=torch.float64)
+
+
+def test_breakout_run_logs_a_cross_entropy_and_the_expectation_of_its_distribution(breakout_run):
     stdout, run = breakout_run("c51")
     [(td_loss, q_value)] = re.findall(r"^TRAIN_METRICS step=1000 td_loss=(\S+) q_values=(\S+)$", stdout, re.M)
     assert 0.0 < float(td_loss) < 10.0  # a cross-entropy over 51 atoms: log(51) = 3.9 against a uniform prediction
-    assert -10.0 <= float(q_value) <= 10.0  # an expectation on the support
     args = json.loads((run / "receipt.json").read_text())["args"]
     assert args["n_atoms"] == 51 and args["learning_rate"] == 2.5e-4
+    # the saved network's support is the 51 atoms of [-10, 10], and the logged mean Q-value (step 1000, on replayed
+    # states) is what the distribution expects: within 0.2 (half the atoms' spacing) of the saved model's (25
+    # updates later) mean expectation on Breakout frames, computed here. Both lie near 0 so early, so a sign error
+    # cannot show on Breakout: the toy run's values below and in test_scripts.py catch it
+    saved = weights(run)
+    torch.testing.assert_close(saved["atoms"].double(), SUPPORT, rtol=0, atol=1e-6)
+    net = c51.QNetwork(4)
+    net.load_state_dict(saved)
+    with torch.no_grad():
+        probs = net.distribution(breakout_frames())
+    recomputed = expected_returns(probs).mean().item()
+    assert abs(float(q_value) - recomputed) < 0.2, f"logged mean Q {q_value}, the model expects {recomputed:.4f}"
+
+
+def test_toy_run_model_expects_the_true_values(toy_run):
+    """The model that the shared DelayedImage run saved (600 updates, at the optimum) expects each state's true
+    value, Q* (gamma 0.99), within 0.1 for every action; its forward (what evaluation takes the argmax of) is that
+    expectation. A wrong support, a sign error or a scaled expectation fails this while the greedy policy can still
+    win (measured: within 0.011 of Q* everywhere)."""
+    saved = weights(toy_run("c51").dir)
+    net = c51.QNetwork(2)
+    net.load_state_dict(saved)
+    observations, true_values = delayed_image_states()
+    with torch.no_grad():
+        probs, forward = net.distribution(observations), net(observations)
+    values = expected_returns(probs)
+    np.testing.assert_allclose(forward.double().numpy(), values.numpy(), atol=1e-5)
+    np.testing.assert_allclose(values.numpy(), true_values.numpy(), atol=0.1)

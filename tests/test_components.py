@@ -442,10 +442,15 @@ def test_each_ablation_runs_end_to_end_and_learns(ablation_run):
     assert mean >= 0.95, f"rainbow --{name} on ImageBandit-v0: evaluation mean {mean}, optimum 1, random 0.5"
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     events.Reload()
-    epsilons = [e.value for e in events.Scalars("charts/epsilon")]
+    logged = sorted((e.step, e.value) for e in events.Scalars("charts/epsilon"))
+    epsilons = [value for _, value in logged]
+    assert [step for step, _ in logged] == list(range(100, 1001, 100))  # one game: each multiple of 100
     if name == "no-noisy":  # epsilon-greedy explores instead: DQN's schedule from 1 to 0.01
         assert (args["start_e"], args["end_e"]) == (1.0, 0.01)
-        assert epsilons[0] > 0.5 and epsilons[-1] == pytest.approx(0.01)
+        # its closed form over the first 500 steps, at the step each action was chosen (one before the logged one)
+        expected = [max(1.0 - 0.99 * (step - 1) / 500, 0.01) for step, _ in logged]
+        assert epsilons == pytest.approx(expected, rel=1e-6, abs=1e-7)
+        assert sum(0.01 < e < 1.0 for e in expected) == 5  # on the slope, and after it
     else:  # the noisy layers explore
         assert (args["start_e"], args["end_e"]) == (0.0, 0.0) and set(epsilons) == {0.0}
 

@@ -1,7 +1,8 @@
 """Rainbow (algos/rainbow.py): the dueling head, the projection of the Double-DQN n-step target and the
 per-transition cross-entropy against naive float64 loops (and planted bugs that the comparison catches), no
-bootstrap after a terminal, noisy layers off in evaluation, the beta schedule, and its own
-metrics on the shared Breakout run. Learning the toy task, exact resume and
+bootstrap after a terminal, noisy layers off in evaluation, the beta schedule, its own metrics on the shared
+Breakout run, and the expected returns of the model the shared toy run saved at the cues. Learning the toy task,
+exact resume and
 the standard outputs of a real run are in test_scripts.py, bad flags in test_bad_input.py. No mocks."""
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO, scalars
+from toy_envs import DelayedImage
 
-from cleanrl_utils.evaluation import load_algorithm
+from cleanrl_utils.envs import TrainEnvs
+from cleanrl_utils.evaluation import load_algorithm, network_kwargs
 
 SCRIPT = REPO / "algos" / "rainbow.py"
 rainbow = load_algorithm(SCRIPT)
@@ -256,6 +259,20 @@ def test_defaults_are_the_papers():
 # ---------------------------------------------------------------- 2. its own values on Breakout
 # (learning the toy task, resuming exactly and the standard outputs: tests/test_scripts.py, on the same runs)
 
+SUPPORT = torch.tensor([-10.0 + 20.0 * i / 50 for i in range(51)], dtype=torch.float64)  # the default 51 atoms
+
+
+def breakout_frames(n: int = 200, seed: int = 7) -> torch.Tensor:
+    """n observations of a Breakout game played at random, as the training games show them"""
+    envs = TrainEnvs("BreakoutNoFrameskip-v4", 1, seed=seed)
+    rng = np.random.default_rng(seed)
+    try:
+        envs.reset()
+        observations = [envs.step(rng.integers(0, 4, 1)).next_obs[0] for _ in range(n)]
+    finally:
+        envs.close()
+    return torch.as_tensor(np.stack(observations))
+
 
 def test_breakout_run_logs_beta_and_sigma_and_explores_by_noise_alone(breakout_run):
     stdout, run = breakout_run("rainbow")
@@ -263,7 +280,18 @@ def test_breakout_run_logs_beta_and_sigma_and_explores_by_noise_alone(breakout_r
     [metrics] = re.findall(pattern, stdout, re.M)
     td_loss, q_value, beta, sigma = (float(v) for v in metrics)
     assert 0.0 < td_loss < 10.0  # a cross-entropy over 51 atoms: log(51) = 3.9 against a uniform prediction
-    assert -10.0 <= q_value <= 10.0  # an expectation on the support
+    # the saved network's support is the 51 atoms of [-10, 10], and the logged mean Q-value (step 1000, replayed
+    # states, noisy weights) is what the distribution expects: within 0.2 (half the atoms' spacing) of the saved
+    # model's (25 updates later, its mean weights) mean expectation on Breakout frames, computed here. Both lie near 0
+    # so early, so a sign error cannot show on Breakout (the toy run's values in test_scripts.py catch it)
+    saved = torch.load(run / "rainbow.cleanrl_model", map_location="cpu", weights_only=True)
+    torch.testing.assert_close(saved["state_dict"]["atoms"].double(), SUPPORT, rtol=0, atol=1e-6)
+    net = rainbow.QNetwork(4, **network_kwargs(rainbow.QNetwork, saved))
+    net.load_state_dict(saved["state_dict"])
+    net.eval()
+    with torch.no_grad():
+        recomputed = (net.distribution(breakout_frames()).double() * SUPPORT).sum(dim=-1).mean().item()
+    assert abs(q_value - recomputed) < 0.2, f"logged mean Q {q_value}, the model expects {recomputed:.4f}"
     assert beta == pytest.approx(0.4 + 0.6 * 1000 / 1100, abs=1e-3)  # annealed towards 1 over the run
     assert 0.0 < sigma < 0.1  # sigma_0 / sqrt(512) = 0.022 at the start
     logged = scalars(run)
@@ -272,6 +300,33 @@ def test_breakout_run_logs_beta_and_sigma_and_explores_by_noise_alone(breakout_r
     args = json.loads((run / "receipt.json").read_text())["args"]
     assert args["n_step"] == 3 and args["learning_rate"] == 6.25e-5
     assert (args["start_e"], args["end_e"]) == (0.0, 0.0)
+
+
+def test_toy_run_model_expects_the_discounted_reward_at_each_cue(toy_run):
+    """The model that the shared DelayedImage run saved (at the optimum; evaluation mode, its mean weights) expects
+    gamma (0.99: the reward 1 one step later) for the matching action at each cue, within 0.05, on the support
+    written here; its forward is that expectation. A wrong support, a sign error or a scaled expectation fails this
+    while the greedy policy can still win. Only the cues: at seed 1 the frames after a wrong cue action, rarely seen
+    once the policy is right, stay far from their value 0 (measured: up to 0.95; 0.00-0.11 at seeds 2 and 3),
+    where C51's run learns every state (test_c51.py)."""
+    cues = []
+    for cue in (0, 1):
+        env, seed = DelayedImage(), 0
+        observation, _ = env.reset(seed=seed)
+        while env.cue != cue:
+            seed += 1
+            observation, _ = env.reset(seed=seed)
+        cues.append(observation)
+    saved = torch.load(toy_run("rainbow").dir / "rainbow.cleanrl_model", map_location="cpu", weights_only=True)
+    net = rainbow.QNetwork(2, **network_kwargs(rainbow.QNetwork, saved))
+    net.load_state_dict(saved["state_dict"])
+    net.eval()
+    observations = torch.as_tensor(np.stack(cues))
+    with torch.no_grad():
+        probs, forward = net.distribution(observations), net(observations)
+    values = (probs.double() * SUPPORT).sum(dim=-1)  # (cue, action)
+    np.testing.assert_allclose(forward.double().numpy(), values.numpy(), atol=1e-5)
+    np.testing.assert_allclose(values.diagonal().numpy(), [0.99, 0.99], atol=0.05)
 
 
 def test_breakout_model_records_its_network_settings(breakout_run):
