@@ -265,8 +265,8 @@ def breakout_frames(n: int = 200, seed: int = 7) -> torch.Tensor:
 
 
 def delayed_image_states(gamma: float = 0.99) -> tuple[torch.Tensor, torch.Tensor]:
-    """DelayedImage-v0's six states (each cue, the good frame after the matching action, the bad frame after the
-    other) and their true values Q*(s, a): gamma for the matching action at the cue, 0 for the other; 1 for every
+    """DelayedImage-v0's six states (cue 0, the good frame after the matching action, the bad frame after the other;
+    then the same for cue 1: the cues at rows 0 and 3) and their true values Q*(s, a): gamma for the matching action at the cue, 0 for the other; 1 for every
     action at the good frame, 0 at the bad one. Returns observations (6, 4, 84, 84) and values (6, 2)."""
     observations, values = [], []
     for cue in (0, 1):

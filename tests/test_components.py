@@ -27,6 +27,7 @@ from conftest import FAST_LEARNING, REPO, run_python
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_buffer import FRAME, STACK, RandomStreams, fill, naive_n_step
 from test_rainbow import naive_cross_entropies, naive_dueling_log_probs, naive_projection
+from test_scripts import scheduled_epsilon
 from torch import nn
 
 from cleanrl_utils.buffer import ReplayBuffer
@@ -448,7 +449,7 @@ def test_each_ablation_runs_end_to_end_and_learns(ablation_run):
     if name == "no-noisy":  # epsilon-greedy explores instead: DQN's schedule from 1 to 0.01
         assert (args["start_e"], args["end_e"]) == (1.0, 0.01)
         # its closed form over the first 500 steps, at the step each action was chosen (one before the logged one)
-        expected = [max(1.0 - 0.99 * (step - 1) / 500, 0.01) for step, _ in logged]
+        expected = [scheduled_epsilon(1.0, 0.01, 500, step - 1) for step, _ in logged]
         assert epsilons == pytest.approx(expected, rel=1e-6, abs=1e-7)
         assert sum(0.01 < e < 1.0 for e in expected) == 5  # on the slope, and after it
     else:  # the noisy layers explore

@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO, scalars
-from toy_envs import DelayedImage
+from test_c51 import SUPPORT, breakout_frames, delayed_image_states
 
-from cleanrl_utils.envs import TrainEnvs
 from cleanrl_utils.evaluation import load_algorithm, network_kwargs
 
 SCRIPT = REPO / "algos" / "rainbow.py"
@@ -259,20 +258,6 @@ def test_defaults_are_the_papers():
 # ---------------------------------------------------------------- 2. its own values on Breakout
 # (learning the toy task, resuming exactly and the standard outputs: tests/test_scripts.py, on the same runs)
 
-SUPPORT = torch.tensor([-10.0 + 20.0 * i / 50 for i in range(51)], dtype=torch.float64)  # the default 51 atoms
-
-
-def breakout_frames(n: int = 200, seed: int = 7) -> torch.Tensor:
-    """n observations of a Breakout game played at random, as the training games show them"""
-    envs = TrainEnvs("BreakoutNoFrameskip-v4", 1, seed=seed)
-    rng = np.random.default_rng(seed)
-    try:
-        envs.reset()
-        observations = [envs.step(rng.integers(0, 4, 1)).next_obs[0] for _ in range(n)]
-    finally:
-        envs.close()
-    return torch.as_tensor(np.stack(observations))
-
 
 def test_breakout_run_logs_beta_and_sigma_and_explores_by_noise_alone(breakout_run):
     stdout, run = breakout_run("rainbow")
@@ -309,19 +294,13 @@ def test_toy_run_model_expects_the_discounted_reward_at_each_cue(toy_run):
     while the greedy policy can still win. Only the cues: at seed 1 the frames after a wrong cue action, rarely seen
     once the policy is right, stay far from their value 0 (measured: up to 0.95; 0.00-0.11 at seeds 2 and 3),
     where C51's run learns every state (test_c51.py)."""
-    cues = []
-    for cue in (0, 1):
-        env, seed = DelayedImage(), 0
-        observation, _ = env.reset(seed=seed)
-        while env.cue != cue:
-            seed += 1
-            observation, _ = env.reset(seed=seed)
-        cues.append(observation)
+    states, true_values = delayed_image_states()
+    assert true_values[[0, 3]].diagonal().tolist() == [0.99, 0.99]  # rows 0 and 3 are the cues
     saved = torch.load(toy_run("rainbow").dir / "rainbow.cleanrl_model", map_location="cpu", weights_only=True)
     net = rainbow.QNetwork(2, **network_kwargs(rainbow.QNetwork, saved))
     net.load_state_dict(saved["state_dict"])
     net.eval()
-    observations = torch.as_tensor(np.stack(cues))
+    observations = states[[0, 3]]  # the two cues
     with torch.no_grad():
         probs, forward = net.distribution(observations), net(observations)
     values = (probs.double() * SUPPORT).sum(dim=-1)  # (cue, action)
