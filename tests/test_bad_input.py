@@ -105,6 +105,9 @@ OWN = {  # each script's own flags
         case("--no-noisy", "--start-e", "0.1", "--end-e", "0.5", words=["--start-e 0.1", "--end-e 0.5"]),
         case("--no-prioritized", "--n-step", "70", "--buffer-size", "64", "--learning-starts", "32", words=["--n-step 70", "--buffer-size 64", "75"]),
     ],
+    "custom_value_atari": [
+        case("--adam-eps", "0", words=["--adam-eps 0.0", "> 0", "default: 1e-08"]),
+    ],
 }  # fmt: skip
 # the plain scripts refuse Rainbow's flags (tyro names the flag)
 REMOVED = [("dqn", ["--n-step", "3"]), ("double_dqn", ["--prioritized"]), ("c51", ["--noisy"])]
