@@ -5,6 +5,7 @@
 # algorithm shares, and cleanrl_utils.template_rules checks the rules at start-up. As shipped: DQN, as algos/dqn.py.
 import os
 import random
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -17,14 +18,29 @@ import torch.optim as optim
 import tyro
 
 from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
-from cleanrl_utils.checkpoint import Checkpointer, continue_run
+from cleanrl_utils.checkpoint import (
+    CheckpointError,
+    StopFlag,
+    find_checkpoint,
+    load_parts,
+    parts_state,
+    resume_args,
+    save_checkpoint,
+)
 from cleanrl_utils.checks import CpuThreads, check_memory, fail, pick_buffer_device, pick_device, validate_common_args
 from cleanrl_utils.encoder import NatureCNN
 from cleanrl_utils.envs import OBSERVATION_SHAPE, EnvIdError, TrainEnvs, check_env_id
 from cleanrl_utils.evaluation import evaluate
-from cleanrl_utils.run import Run
+from cleanrl_utils.random_state import random_state, set_random_state
+from cleanrl_utils.run import Run, nonfinite
 from cleanrl_utils.run_flags import RunFlags
-from cleanrl_utils.template_rules import ValueAlgorithmBase, check_actions, check_algorithm, check_metrics
+from cleanrl_utils.template_rules import (
+    TemplateRuleError,
+    ValueAlgorithmBase,
+    check_actions,
+    check_algorithm,
+    check_metrics,
+)
 
 
 # FIXED: the arguments every algorithm shares (CleanRL's dqn_atari.py defaults)
@@ -169,7 +185,11 @@ def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
 if __name__ == "__main__":
     setup_start = time.perf_counter()
     args = tyro.cli(Args)
-    args, resumed = continue_run(args, __file__)  # --resume: the run's own settings; a bad checkpoint stops here
+    try:  # --resume: the run's newest checkpoint and its own settings; a bad checkpoint stops here
+        checkpoint = find_checkpoint(args.resume, __file__) if args.resume else None
+        args = resume_args(args, checkpoint) if checkpoint else args
+    except CheckpointError as error:
+        fail(str(error))
     validate_common_args(args)
     cpu_threads = CpuThreads(args.torch_threads)  # fewer torch threads while other processes hold cores
     torch.set_num_threads(cpu_threads.choose())
@@ -198,18 +218,38 @@ if __name__ == "__main__":
     # the rules: unmodified encoder, parameter budget, Q-values and actions of the right shape (tried on blank
     # frames: the games are reset once, below, as algos/dqn.py resets them)
     blank = np.zeros((args.num_envs, *OBSERVATION_SHAPE), dtype=np.uint8)
-    q_network = check_algorithm(algorithm, QNetwork, envs, blank, device, args.parameter_budget)
+    try:
+        q_network = check_algorithm(algorithm, QNetwork, envs, blank, device, args.parameter_budget)
+    except TemplateRuleError as error:  # before the run folder exists: nothing to close
+        fail(str(error))
     rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed, storage_device=buffer_device)
-    run = Run(args, __file__, device, resumed)  # the run folder appears once everything is allocated
-    checkpointer = Checkpointer(run, resumed, replay=rb, envs=envs, algorithm=algorithm)
+    run = Run(args, __file__, device, checkpoint)  # the run folder appears once everything is allocated
+    parts = {"algorithm": algorithm}  # its networks, optimizers, generators and counters (ValueAlgorithmBase)
+    stop = StopFlag("finishing the current step, then writing a checkpoint (signal again to exit at once)")
+    signal.signal(signal.SIGINT, stop.set)  # the loop reads stop.requested at the end of each step
+    signal.signal(signal.SIGTERM, stop.set)
     run.timings["setup"] += time.perf_counter() - setup_start
 
     learning_starts = args.learning_starts  # agent steps of random play before the first update
-    if resumed is None:
-        obs, global_step, update_credit, start_time = envs.reset(), 0, 0, time.time()
-    else:  # where the checkpoint left off (Atari games cannot be saved: new games start there)
-        obs, global_step, update_credit, start_time, replay_restored = checkpointer.restore()
-        if not replay_restored:  # an empty replay memory refills before learning again
+    if checkpoint is None:
+        obs, global_step, update_credit = envs.reset(), 0, 0
+    else:  # where the checkpoint left off: everything the loop owns, put back
+        state = checkpoint.state
+        load_parts(parts, state)  # networks, optimizer, the acting generator
+        set_random_state(state["random"])  # Python's, NumPy's and torch's generators
+        global_step, update_credit = state["global_step"], state["update_credit"]
+        replay = checkpoint.replay()  # None unless the run had --checkpoint-buffer
+        if replay is not None:
+            rb.load_state_dict(replay)
+        if state["games"] is not None:  # games that can be saved (the tests' toy games) continue
+            envs.load_state_dict(state["games"])
+            obs = state["obs"]
+        else:  # Atari games cannot be saved: new ones, seeded apart from the first run's
+            envs.seed = args.seed + 1_000_003 * (len(state["run"]["resumes"]) + 1)
+            obs = envs.reset()
+            rb.cut_episodes()  # the stored games end there: their last transitions bootstrap
+        run.resumed(checkpoint, replay_restored=replay is not None, games_restored=state["games"] is not None)
+        if replay is None:  # an empty replay memory refills before learning again
             learning_starts += global_step
     metrics = None  # the latest update's metrics (tensors), read when logged
     while global_step < args.total_timesteps:
@@ -218,7 +258,11 @@ if __name__ == "__main__":
             args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
         )
         with run.timed("acting"):
-            actions = check_actions(algorithm.select_action(obs, epsilon), args.num_envs, envs.n_actions, run)
+            try:
+                actions = check_actions(algorithm.select_action(obs, epsilon), args.num_envs, envs.n_actions)
+            except TemplateRuleError as error:  # the receipt says failed: invalid actions
+                run.close(status=f"failed: {error.status}")
+                fail(str(error))
         with run.timed("environment"):
             envs.send(actions)  # the games step in their own threads while the learner updates, below
         global_step += args.num_envs
@@ -231,12 +275,19 @@ if __name__ == "__main__":
                 with run.timed("learning"):
                     data = rb.sample(args.batch_size)
                     metrics = algorithm.update(data, global_step)
-                    metrics = check_metrics(metrics, global_step, run, sync=run.counts["gradient_updates"] == 0)
+                    try:
+                        metrics = check_metrics(metrics, global_step, sync=run.counts["gradient_updates"] == 0)
+                    except TemplateRuleError as error:  # e.g. failed: non-finite metrics
+                        run.close(status=f"failed: {error.status}")
+                        fail(str(error))
                 run.counts["gradient_updates"] += 1
 
             if global_step // 1000 > previous_step // 1000 and metrics is not None:
-                if not run.train_metrics(global_step, metrics, q_network):  # non-finite loss or weights
-                    sys.exit(1)  # the checkpoints written so far stay as they are
+                values = run.train_metrics(global_step, metrics)  # the only host synchronisation of the loop
+                bad = nonfinite(values, q_network)
+                if bad:  # a non-finite loss or weights stop the run; the checkpoints written so far stay
+                    run.close(status=f"failed: non-finite {bad} at step {global_step}")
+                    sys.exit(f"error: non-finite {bad} at step {global_step}; stopping: {run.what_is_kept()}")
 
             # update target network
             if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
@@ -277,11 +328,34 @@ if __name__ == "__main__":
             run.evaluation(global_step, result)
             run.write_receipt()
 
-        if checkpointer.due(global_step, previous_step):  # periodic, or after SIGINT/SIGTERM
-            checkpointer.save(global_step, obs, update_credit, start_time)  # algorithm.state_dict() and the rest
-            if checkpointer.stop_requested:  # the resume command is printed
+        every = args.checkpoint_every
+        periodic = every and global_step // every > previous_step // every and global_step < args.total_timesteps
+        if periodic or stop.requested:  # every --checkpoint-every steps, and after SIGINT/SIGTERM
+            with run.timed("checkpoint"):
+                state = {
+                    **parts_state(parts),
+                    "random": random_state(),
+                    "global_step": global_step,
+                    "update_credit": update_credit,
+                    "obs": obs,
+                    "games": envs.state_dict() if envs.games_can_be_saved else None,
+                    **run.state_dict(),  # the algorithm, its arguments, the record so far
+                }
+                replay = rb.state_dict() if args.checkpoint_buffer else None
+                path = save_checkpoint(run.dir / "checkpoints", global_step, state, replay, args.checkpoint_keep)
+            run.checkpoint_written(path, global_step)
+            if stop.requested:
+                run.close(status="interrupted")
+                where = f"{os.path.relpath(__file__)} --resume {run.dir}"
+                run.print(f"stopped at step {global_step} by {stop.requested}; resume with: python {where}")
                 sys.exit(0)
 
+    run.print(f"training done at step {global_step}; final evaluation of {args.eval_episodes} games")
+    stop.message = (
+        f"training is done (step {global_step}); the final evaluation goes on to its end"
+        f"{' and the model is saved' if args.save_model else ''}, then the run ends as finished; no checkpoint is "
+        "written (signal again to exit at once, without the final evaluation)"
+    )
     with run.timed("evaluation"):
         result = evaluate(
             q_network,

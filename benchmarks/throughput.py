@@ -525,6 +525,13 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
         help="the shipped script itself, --no-fast --num-envs 1 against its default with --num-envs N",
     )
     parser.add_argument("--script-steps", type=int, default=3000, help="--scripts: learning-phase steps per run")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="--scripts: instead, this checkout's script (its defaults, --num-envs N) against another checkout's, "
+        "e.g. a `git worktree` of the revision before a change",
+    )
     parser.add_argument("--rounds", type=int, default=4, help="rounds of each loop (alternating with --compare)")
     parser.add_argument("--fast-update", default="auto", help="auto, eager, or a comma list of " + ", ".join(FLAGS))
     parser.add_argument("--buffer-device", default=None, choices=["cpu", "cuda"],
@@ -630,19 +637,19 @@ def run_loops(cli: argparse.Namespace, module, args: Any, device: torch.device, 
     return n_actions, batch
 
 
-def script_rate(cli: argparse.Namespace, flags: list[str], run_dir: Path) -> dict[str, float]:
+def script_rate(cli: argparse.Namespace, flags: list[str], run_dir: Path, repo: Path = REPO) -> dict[str, float]:
     """Run ``algos/ALGO.py`` as it ships, with ``flags``, and return its learning-phase agent steps/s, from the
     wall times of its own ``charts/SPS`` points (logged every 100 steps): between the first point at least 500
     steps after learning starts and the last point, rate = (s2 - s1) / (t2 - t1)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     total = cli.learning_starts + cli.script_steps
-    command = [sys.executable, str(REPO / "algos" / f"{cli.algo}.py"), "--env-id", cli.env_id,
+    command = [sys.executable, str(repo / "algos" / f"{cli.algo}.py"), "--env-id", cli.env_id,
                "--total-timesteps", str(total), "--learning-starts", str(cli.learning_starts),
                "--buffer-size", str(cli.buffer_size), "--eval-every", "0", "--eval-episodes", "1",
                "--eval-epsilon", "1", "--checkpoint-every", "0", "--seed", str(cli.seed),
                "--device", cli.device, "--run-dir", str(run_dir), *flags]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=str(repo))
     if cli.torch_threads:
         env["OMP_NUM_THREADS"] = str(cli.torch_threads)
     done = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -662,6 +669,9 @@ def run_scripts(cli: argparse.Namespace, report: dict[str, Any]) -> None:
     import tempfile
 
     variants = {"plain": ["--no-fast", "--num-envs", "1"], "fast": ["--num-envs", str(cli.num_envs)]}
+    repos = {"plain": REPO, "fast": REPO}
+    if cli.baseline:  # the same flags, two checkouts: "plain" is the baseline's script, "fast" this one's
+        variants["plain"], repos["plain"] = list(variants["fast"]), cli.baseline.resolve()
     if cli.buffer_device:
         variants["fast"] += ["--buffer-device", "host" if cli.buffer_device == "cpu" else cli.buffer_device]
     totals = {name: {"steps": 0, "seconds": 0.0} for name in variants}
@@ -670,7 +680,7 @@ def run_scripts(cli: argparse.Namespace, report: dict[str, Any]) -> None:
         for r in range(cli.rounds):
             rates = {}
             for name in list(variants)[:: 1 if r % 2 == 0 else -1]:
-                got = script_rate(cli, variants[name], Path(tmp) / f"{name}{r}")
+                got = script_rate(cli, variants[name], Path(tmp) / f"{name}{r}", repos[name])
                 totals[name]["steps"] += got["steps"]
                 totals[name]["seconds"] += got["seconds"]
                 rates[name] = got["steps"] / got["seconds"]
@@ -685,9 +695,13 @@ def run_scripts(cli: argparse.Namespace, report: dict[str, Any]) -> None:
     report["scripts_fast_over_plain"] = ratio
     per_round = [x["steps_per_s"]["fast"] / x["steps_per_s"]["plain"] for x in report["script_rounds"]]
     print(f"\nalgos/{cli.algo}.py end to end in the learning phase (charts/SPS), {cli.rounds} rounds:")
+    labels = {"plain": f"baseline {cli.baseline}", "fast": "this checkout"} if cli.baseline else {}
     for name, figures in report["scripts"].items():
-        print(f"  {name:<6} {figures['flags']:<32} {figures['end_to_end_steps_per_s']:>7.1f} steps/s")
-    print(f"  fast / plain: {ratio:.2f}x (per round: {', '.join(f'{x:.2f}' for x in per_round)})")
+        print(f"  {labels.get(name, name):<6} {figures['flags']:<32} {figures['end_to_end_steps_per_s']:>7.1f} steps/s")
+    what = "this checkout / baseline" if cli.baseline else "fast / plain"
+    print(f"  {what}: {ratio:.2f}x (per round: {', '.join(f'{x:.2f}' for x in per_round)})")
+    if cli.baseline:
+        report["baseline"] = str(cli.baseline.resolve())
 
 
 def random_batch(cli: argparse.Namespace, args: Any, device: torch.device) -> tuple[int, Any]:

@@ -39,6 +39,10 @@ class RunSpec:
         return f"{self.env_id.replace('/', '_').replace(':', '_')}__{self.algo}__{self.seed}"
 
 
+class LaunchError(ValueError):
+    """A launch that cannot go ahead; the message says why and what to do."""
+
+
 def known_algos() -> list[str]:
     return sorted(p.stem for p in ALGOS_DIR.glob("*.py"))
 
@@ -51,7 +55,7 @@ def resolve_algo(algo: str) -> tuple[str, Path | None]:
     path = Path(algo)
     if path.suffix == ".py" and path.is_file():
         return path.stem, path.resolve()
-    fail(
+    raise LaunchError(
         f"--algos: unknown algorithm {algo}; choose among {', '.join(known_algos())} "
         "or give the path of a script file (e.g. a copy of algos/custom_value_atari.py)"
     )
@@ -185,14 +189,14 @@ def reachable(address: str, timeout: float = 5.0) -> None:
 
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
-        fail(f"--ray-address {address}: expected auto, local or HOST:PORT (e.g. 10.0.0.5:6379)")
+        raise LaunchError(f"--ray-address {address}: expected auto, local or HOST:PORT (e.g. 10.0.0.5:6379)")
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as error:
-        fail(
+        raise LaunchError(
             f"--ray-address {address}: cannot connect to a Ray cluster ({error}); start one with "
             "`ray start --head` there, or use --ray-address local to run Ray on this machine"
-        )
+        ) from None
 
 
 def run_ray(specs: list[RunSpec], run_dir: Path, logs: Path, extra: list[str], address: str, threads: int, gpus: float):
@@ -201,13 +205,17 @@ def run_ray(specs: list[RunSpec], run_dir: Path, logs: Path, extra: list[str], a
     try:
         import ray
     except ImportError:
-        fail("--ray-address needs Ray: pip install 'value-atari[ray]' (or pip install 'ray[default]')")
+        raise LaunchError(
+            "--ray-address needs Ray: pip install 'value-atari[ray]' (or pip install 'ray[default]')"
+        ) from None
     if address not in ("local", "auto"):
         reachable(address)  # Ray itself retries an unreachable head for minutes
     try:
         ray.init(address=None if address == "local" else address, log_to_driver=False)
     except Exception as error:  # Ray raises several types for an unreachable head
-        fail(f"--ray-address {address}: cannot connect to a Ray cluster ({type(error).__name__}: {error})")
+        raise LaunchError(
+            f"--ray-address {address}: cannot connect to a Ray cluster ({type(error).__name__}: {error})"
+        ) from None
 
     @ray.remote(num_cpus=1, num_gpus=gpus)
     def one_run(command: list[str], log: str, env: dict[str, str]) -> int:
@@ -248,6 +256,13 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return launch(argv)
+    except LaunchError as error:
+        fail(str(error))
+
+
+def launch(argv: list[str] | None = None) -> int:
     args, extra = parse(sys.argv[1:] if argv is None else argv)
     scripts = dict(resolve_algo(a) for a in dict.fromkeys(args.algos))
     if len(scripts) < len(dict.fromkeys(args.algos)):

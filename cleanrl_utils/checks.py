@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
+import shutil
 import sys
 import time
+from pathlib import Path
 from typing import Any, NoReturn
 
 import psutil
@@ -68,6 +71,19 @@ def validate_common_args(args: Any) -> None:
         fail(f"--checkpoint-keep {args.checkpoint_keep} must be >= 1 (the newest checkpoints kept)")
     if not 0.0 < args.exploration_fraction <= 1.0:
         fail(f"--exploration-fraction {args.exploration_fraction} must be in (0, 1]")
+    if getattr(args, "checkpoint_buffer", False):  # a warning: the disk may be freed before the first checkpoint
+        need = args.buffer_size * 84 * 84 * min(args.checkpoint_keep + 1, 2)  # the frames, one per transition
+        folder = next(p for p in [Path(args.run_dir).absolute(), *Path(args.run_dir).absolute().parents] if p.exists())
+        free = shutil.disk_usage(folder).free
+        if need > free:
+            print(
+                f"warning: --checkpoint-buffer needs about {need / 2**30:.1f} GiB on disk for the replay memory's "
+                f"checkpoints, {free / 2**30:.1f} GiB are free under {folder}: checkpoints may fail",
+                file=sys.stderr,
+                flush=True,
+            )
+    if getattr(args, "track", False) and importlib.util.find_spec("wandb") is None:
+        fail("--track needs Weights & Biases: pip install 'value-atari[track]' (or pip install wandb)")
     # the agent steps after --learning-starts (the loop's last vector step may pass --total-timesteps)
     vector_steps = -(-args.total_timesteps // args.num_envs) - args.learning_starts // args.num_envs
     if args.num_envs * max(vector_steps, 0) < args.train_frequency:

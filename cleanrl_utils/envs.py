@@ -24,6 +24,7 @@ ignores its action, so it is not a transition either.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -329,15 +330,22 @@ def play_episodes(
     epsilon: float,
     rng: np.random.Generator,
     noop_max: int = NOOP_MAX,
+    record: Callable[[np.ndarray], None] | None = None,
 ) -> tuple[list[float], list[int], np.ndarray]:
     """Play ``num_episodes`` whole games, one per parallel environment (so short games are not
     over-represented), under the training protocol (forced steps, fresh stacks after a life loss)
     but with raw rewards and no life-loss ending, with epsilon-greedy actions from ``select_actions``.
     Returns the per-game returns, lengths (agent steps, forced ones included) and the histogram of
-    the actions the agent chose and played."""
+    the actions the agent chose and played.
+
+    ``record``, if given, is called with the first game's frames (environment 0, seeded ``seed``) as
+    its agent sees them: the newest 84x84 frame of its stack at the start, then after each of its
+    steps, the last one being the game's end: its length + 1 frames. Recording changes nothing."""
     envs = TrainEnvs(env_id, num_episodes, seed=seed, noop_max=noop_max)
     try:
         obs = envs.reset()
+        if record is not None:
+            record(obs[0, -1].copy())
         returns = np.zeros(num_episodes)
         lengths = np.zeros(num_episodes, dtype=np.int64)
         running = np.ones(num_episodes, dtype=bool)
@@ -348,6 +356,8 @@ def play_episodes(
             actions[explore] = rng.integers(0, n_actions, int(explore.sum()))
             step = envs.step(actions)
             histogram += np.bincount(actions[running & step.mask], minlength=n_actions)
+            if record is not None and running[0]:
+                record(step.next_obs[0, -1].copy())
             for env, episodic_return, length in step.episode_returns:
                 if running[env]:
                     returns[env], lengths[env], running[env] = episodic_return, length, False

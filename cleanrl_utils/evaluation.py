@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import inspect
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from cleanrl_utils.envs import (
-    MAX_FRAMES_PER_EPISODE,
-    NOOP_MAX,
-    EnvIdError,
-    ale_game,
-    check_env_id,
-    forced_actions,
-    has_fire,
-    play_episodes,
-)
+from cleanrl_utils.envs import OBSERVATION_SHAPE, EnvIdError, ale_game, check_env_id, play_episodes
 from cleanrl_utils.scores import human_normalized_score
 
 
@@ -42,8 +34,8 @@ def evaluate(
     video_path: Path | None = None,
 ) -> dict[str, Any]:
     """Play ``episodes`` whole games with the network's greedy action (argmax of its forward
-    output, the Q-values) taken with probability 1 - ``epsilon``. With ``video_path``, one more
-    game is played and recorded as MP4 (the RGB screen)."""
+    output, the Q-values) taken with probability 1 - ``epsilon``. With ``video_path``, the first of
+    these games (seeded ``seed``) is recorded as MP4 as it is played and scored (``mp4_recorder``)."""
     was_training = q_network.training
     q_network.eval()
 
@@ -52,11 +44,10 @@ def evaluate(
         return q_network(torch.as_tensor(obs, device=device)).argmax(dim=1).cpu().numpy()
 
     try:
-        returns, lengths, histogram = play_episodes(
-            env_id, episodes, seed, greedy, n_actions, epsilon, np.random.default_rng(seed)
-        )
-        if video_path is not None:
-            record_game(greedy, env_id, n_actions, epsilon, seed, video_path)
+        with contextlib.nullcontext() if video_path is None else mp4_recorder(video_path) as record:
+            returns, lengths, histogram = play_episodes(
+                env_id, episodes, seed, greedy, n_actions, epsilon, np.random.default_rng(seed), record=record
+            )
     finally:
         q_network.train(was_training)
     mean = float(np.mean(returns))
@@ -72,52 +63,29 @@ def evaluate(
     }
 
 
-def record_game(
-    greedy: Callable[[np.ndarray], np.ndarray],
-    env_id: str,
-    n_actions: int,
-    epsilon: float,
-    seed: int,
-    path: Path,
-) -> None:
-    """Record one whole game as MP4 with OpenCV (no extra dependency). The single environment is
-    Gymnasium's AtariPreprocessing, played under the same protocol (the same forced steps, a fresh
-    stack after each life loss); it matches the vector environment up to its own no-op draws, so
-    the recorded game is representative, not one of the scored ones."""
-    if ale_game(env_id) is None:
-        print(f"warning: --capture-video records ALE games only; {env_id} is not recorded", file=sys.stderr)
-        return
-    env = gym.make(env_id, render_mode="rgb_array", max_num_frames_per_episode=MAX_FRAMES_PER_EPISODE)
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=NOOP_MAX, frame_skip=4, screen_size=84, grayscale_obs=True)
-    fire = has_fire(env_id)
-    rng = np.random.default_rng(seed)
+VIDEO_SCALE = 4  # each 84x84 frame shown 336x336, pixel for pixel
+VIDEO_FPS = 15  # an agent step is 4 frames of the game's 60: real time
+
+
+@contextlib.contextmanager
+def mp4_recorder(path: Path) -> Iterator[Callable[[np.ndarray], None]]:
+    """A ``record`` for ``play_episodes`` that writes the frames it is given to ``path`` as MP4 with
+    OpenCV (no extra dependency). The frames are the scored game's own observations, the 84x84
+    grayscale frames the agent acts on (in ALE games max-pooled over two screens), enlarged:
+    ale-py's vector environment gives no RGB screen of one of its games, and a second, RGB
+    environment would play another game than the scored one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    obs, _ = env.reset(seed=seed)
-    stack, lives, pending = [obs] * 4, env.unwrapped.ale.lives(), forced_actions(fire, life_lost=False)
-    frame = env.render()
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 15, (frame.shape[1], frame.shape[0]))
+    height, width = (VIDEO_SCALE * n for n in OBSERVATION_SHAPE[1:])
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), VIDEO_FPS, (width, height))
+
+    def record(frame: np.ndarray) -> None:
+        frame = cv2.resize(frame, (width, height), interpolation=cv2.INTER_NEAREST)
+        writer.write(cv2.cvtColor(frame, cv2.COLOR_GRAY2BGR))
+
     try:
-        while True:
-            writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
-            forced = bool(pending)
-            if forced:
-                action = pending.pop(0)
-            else:
-                action = int(greedy(np.stack(stack)[None])[0])
-                if rng.random() < epsilon:
-                    action = int(rng.integers(n_actions))
-            obs, _, terminated, truncated, _ = env.step(action)
-            frame = env.render()
-            if terminated or truncated:
-                writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
-                break
-            if env.unwrapped.ale.lives() < lives:
-                pending = forced_actions(fire, life_lost=True)
-            lives = env.unwrapped.ale.lives()
-            stack = [obs] * 4 if forced else stack[1:] + [obs]  # after a forced step, the stack starts afresh
+        yield record
     finally:
         writer.release()
-        env.close()
 
 
 def load_algorithm(script: str | Path):
@@ -126,14 +94,6 @@ def load_algorithm(script: str | Path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def network_kwargs(network_class: type, saved: dict[str, Any]) -> dict[str, Any]:
-    """The saved model's network settings that its script's ``QNetwork`` still takes: a model saved before a
-    setting left the script (dqn.py's --dueling, say, now Rainbow's alone) loads if its weights fit, since
-    ``load_state_dict`` then checks every tensor's name and shape."""
-    taken = inspect.signature(network_class).parameters
-    return {key: value for key, value in saved.get("network_kwargs", {}).items() if key in taken}
 
 
 def action_names(env_id: str, n_actions: int) -> list[str]:
@@ -218,7 +178,14 @@ def main(argv: list[str] | None = None) -> None:
 
         q_network = module.QNetwork(network_spec(saved["n_actions"]))
     else:
-        q_network = module.QNetwork(saved["n_actions"], **network_kwargs(module.QNetwork, saved))
+        taken = inspect.signature(module.QNetwork).parameters
+        unknown = sorted(set(saved["network_kwargs"]) - set(taken))
+        if unknown:
+            parser.error(
+                f"{args.model_path} was saved with network settings algos/{saved['algo']}.py's QNetwork does not take "
+                f"({', '.join(unknown)}): an earlier version of the script saved it; evaluate it with that version"
+            )
+        q_network = module.QNetwork(saved["n_actions"], **saved["network_kwargs"])
     try:
         q_network.load_state_dict(saved["state_dict"])
     except RuntimeError as error:

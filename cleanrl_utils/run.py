@@ -86,30 +86,41 @@ def format_eta(seconds: float | None) -> str:
     return f"{seconds / 60:.1f}min" if seconds < 7200 else f"{seconds / 3600:.1f}h"
 
 
-class Run:
-    """Everything a run writes. The algorithm scripts call it; it never decides anything."""
+def nonfinite(values: dict[str, float], network: torch.nn.Module) -> str | None:
+    """What is not finite: the values named (``values=nan``), or else the network's weights; None if all are."""
+    bad = [f"{k}={v}" for k, v in values.items() if not np.isfinite(v)]
+    if bad:
+        return ", ".join(bad)
+    if not all(torch.isfinite(p).all() for p in network.parameters()):
+        return "network weights"
+    return None
 
-    def __init__(self, args: Any, script: str, device: torch.device, resumed: Any = None) -> None:
-        """``resumed`` (a checkpoint read back): continue in its run folder; TensorBoard drops what the
-        interrupted run logged after the checkpoint (``purge_step``), so curves have no duplicate steps."""
+
+class Run:
+    """Everything a run writes. The algorithm scripts call it; it never decides what the run does."""
+
+    def __init__(self, args: Any, script: str, device: torch.device, checkpoint: Any = None) -> None:
+        """``checkpoint`` (a ``Checkpoint`` read back): continue in its run folder; TensorBoard drops what the
+        interrupted run logged after it (``purge_step``), so curves have no duplicate steps. The record itself
+        (counts, evaluations, ...) comes back with ``resumed``."""
         self.start = time.time()
         self.args = args
         self.script = str(Path(script).resolve())
         self.algo = Path(script).stem
         self.git = git_revision()  # the code this process runs, even if the checkout changes meanwhile
         self.device = device
-        if resumed is None:
+        if checkpoint is None:
             self.name = (
                 f"{args.env_id.replace('/', '_').replace(':', '_')}__{args.exp_name}__{args.seed}__{int(self.start)}"
             )
             self.dir = Path(args.run_dir) / self.name
             self.dir.mkdir(parents=True, exist_ok=False)
         else:
-            self.dir = resumed.run_dir
+            self.dir = checkpoint.run_dir
             self.name = self.dir.name
-        self.last_checkpoint = None if resumed is None else resumed.path
+        self.last_checkpoint = None if checkpoint is None else checkpoint.path
         self.resumes: list[dict[str, Any]] = []
-        self.wall_before = 0.0 if resumed is None else float(resumed.state["wall_seconds"])
+        self.wall_before = 0.0 if checkpoint is None else float(checkpoint.state["run"]["wall_seconds"])
         self.timings: dict[str, float] = defaultdict(float)
         self.counts = {
             "env_steps": 0,
@@ -125,29 +136,85 @@ class Run:
         self.status = "running"
         self.stdout_closed_at_step: int | None = None
         self.rate_samples: deque[tuple[float, int]] = deque()
-        self.start_rate(0 if resumed is None else resumed.step)
+        self.start_rate(0 if checkpoint is None else checkpoint.step)
         if args.track:
             self._start_wandb()
-        if resumed is None:
+        if checkpoint is None:
             self.writer = SummaryWriter(str(self.dir))
             self.writer.add_text(
                 "hyperparameters",
                 "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()),
             )
         else:
-            self.writer = SummaryWriter(str(self.dir), purge_step=resumed.step + 1)
+            self.writer = SummaryWriter(str(self.dir), purge_step=checkpoint.step + 1)
         self.progress = None
         self.interactive = sys.stderr.isatty() and not os.environ.get("CI")
         self.last_progress_print = time.time()
         self.write_receipt()
 
-    def _start_wandb(self) -> None:
-        try:
-            import wandb
-        except ImportError:
-            from cleanrl_utils.checks import fail
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint holds of the run: the algorithm, its arguments and the record so far."""
+        return {
+            "algo": self.algo,
+            "args": dict(vars(self.args)),
+            "run": {
+                "counts": dict(self.counts),
+                "timings": dict(self.timings),
+                "evaluations": self.evaluations,
+                "last_return": self.last_return,
+                "resumes": self.resumes,
+                "wall_seconds": self.wall_before + time.time() - self.start,
+            },
+        }
 
-            fail("--track needs Weights & Biases: pip install 'value-atari[track]' (or pip install wandb)")
+    def resumed(self, checkpoint: Any, replay_restored: bool, games_restored: bool) -> None:
+        """Take the record back from ``checkpoint`` (``evaluations.json`` loses any evaluation written after it)
+        and note this resume in the receipt."""
+        saved = checkpoint.state["run"]
+        self.counts.update(saved["counts"])
+        self.timings.update(saved["timings"])
+        self.evaluations = list(saved["evaluations"])
+        self.last_return = saved["last_return"]
+        write_json_atomic(self.dir / "evaluations.json", self.evaluations)
+        self.resumes = list(saved["resumes"]) + [
+            {
+                "step": checkpoint.step,
+                "checkpoint": str(checkpoint.path),
+                "time": time.time(),
+                "buffer_restored": replay_restored,
+                "environments_restored": games_restored,
+            }
+        ]
+        learning = (
+            "restored"
+            if replay_restored
+            else f"empty: learning waits until step {checkpoint.step + self.args.learning_starts}"
+        )
+        self.print(
+            f"resumed from {checkpoint.path} at step {checkpoint.step} (replay memory {learning}, "
+            f"{'games continued' if games_restored else 'new games started'})"
+        )
+        self.write_receipt()
+        self.start_rate(checkpoint.step)  # steps/s counts this process's steps only
+
+    def checkpoint_written(self, path: Path | None, global_step: int) -> None:
+        """Say where the checkpoint went (None: not written, the networks hold non-finite values)."""
+        if path is None:
+            self.print(f"not checkpointing at step {global_step}: the network holds non-finite values")
+            return
+        self.last_checkpoint = path
+        self.print(f"checkpoint written: {path}")
+        self.flush()
+
+    def what_is_kept(self) -> str:
+        """The run's last good checkpoint and how to resume from it, for a message."""
+        if self.last_checkpoint is None:
+            return "no checkpoint was written before it"
+        return f"the last good checkpoint is {self.last_checkpoint} (resume with --resume {self.dir})"
+
+    def _start_wandb(self) -> None:
+        import wandb  # checks.validate_common_args has made sure it is installed
+
         wandb.init(
             project=self.args.wandb_project_name,
             entity=self.args.wandb_entity,
@@ -174,13 +241,9 @@ class Run:
         self.writer.add_scalar("charts/episodic_return", episodic_return, global_step)
         self.writer.add_scalar("charts/episodic_length", length, global_step)
 
-    def train_metrics(
-        self, global_step: int, metrics: dict[str, float | torch.Tensor], network: torch.nn.Module | None = None
-    ) -> bool:
-        """Log ``losses/*`` scalars and the TRAIN_METRICS line (called every 1000 steps: the only host
-        synchronisation of the training loop). Returns False, with the run recorded as failed and the
-        reason printed, on a non-finite metric (under ``--on-nonfinite stop``; ``skip`` only logs it, its
-        update was skipped) or non-finite network weights: the script then stops."""
+    def train_metrics(self, global_step: int, metrics: dict[str, float | torch.Tensor]) -> dict[str, float]:
+        """Log ``losses/*`` scalars and the TRAIN_METRICS line, and return the values read (called every 1000
+        steps: the only host synchronisation of the training loop)."""
         values = {
             key: float(value.detach()) if torch.is_tensor(value) else float(value) for key, value in metrics.items()
         }
@@ -188,24 +251,7 @@ class Run:
             self.writer.add_scalar(f"losses/{key}", value, global_step)
         fields = " ".join(f"{k}={v:.6g}" for k, v in values.items())
         self.print(f"TRAIN_METRICS step={global_step} {fields}")
-        bad = [f"{k}={v}" for k, v in values.items() if not np.isfinite(v)]
-        if bad and getattr(self.args, "on_nonfinite", "stop") == "stop":
-            self.record_nonfinite(global_step, ", ".join(bad))
-            return False
-        if network is not None and not all(torch.isfinite(p).all() for p in network.parameters()):
-            self.record_nonfinite(global_step, "network weights")
-            return False
-        return True
-
-    def record_nonfinite(self, global_step: int, what: str) -> None:
-        """Say what went non-finite and where, and close the run as failed; the checkpoints already written
-        stay as they are."""
-        if self.last_checkpoint is not None:
-            keep = f"the last good checkpoint is {self.last_checkpoint} (resume with --resume {self.dir})"
-        else:
-            keep = "no checkpoint was written before it"
-        print(f"error: non-finite {what} at step {global_step}; stopping: {keep}", file=sys.stderr, flush=True)
-        self.close(status=f"failed: non-finite {what} at step {global_step}")
+        return values
 
     def flush(self) -> None:
         self.writer.flush()

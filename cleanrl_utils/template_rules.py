@@ -2,8 +2,10 @@
 
 A custom algorithm is a ``QNetwork`` (a head over the fixed Nature encoder) and a
 ``ValueAlgorithm`` (networks, optimizer, ``select_action``, ``update``, ``update_target_network``); everything else is the
-template's fixed part. These checks run at start-up (and on every action and update), and each
-stops the run with one line that says what is wrong and how to fix it:
+template's fixed part. These checks run at start-up (and on every action and update); each raises
+``TemplateRuleError``, whose message says what is wrong and how to fix it and whose ``status`` (``"invalid
+actions"``, ``"non-finite metrics"``, ...) is what the template records in the run's receipt as ``failed: STATUS``
+before it stops with the message (exit status 2):
 
 - ``check_network``: the Q-network's ``encoder`` is the unmodified ``NatureCNN`` (its type, its
   layers, its shapes and its 1,684,128 parameters) and ``forward`` gives one finite Q-value per
@@ -13,58 +15,88 @@ stops the run with one line that says what is wrong and how to fix it:
   algorithm holds, each parameter counted once; target networks must be frozen with
   ``.requires_grad_(False)`` so that they do not count. The default budget is the Nature encoder
   plus the largest head among the reference algorithms for the game's action count
-  (``parameter_budget``, ``REFERENCE_HEADS``): non-crossing QR-DQN's (200 quantiles per action,
-  plus a scale and a shift) for 3 actions or more, IQN's for 2.
+  (``parameter_budget``, ``reference_heads``, counted from each reference script's own ``QNetwork``):
+  non-crossing QR-DQN's (200 quantiles per action, plus a scale and a shift) for 3 actions or more, IQN's for 2.
 - ``check_actions``: ``select_action`` gives one integer action in ``[0, n_actions)`` per
   environment.
 - ``check_metrics``: ``update`` returns a dict of numbers with at least ``td_loss`` and
-  ``q_values``, finite at the first update (and, through ``Run.train_metrics``, at every logging
-  step, every 1000 agent steps).
+  ``q_values``, finite at the first update (later, the template's loop checks the logged metrics
+  and the network's weights every 1000 agent steps, as every script does).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import numbers
-import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, NoReturn
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
-from cleanrl_utils.checks import fail
 from cleanrl_utils.encoder import NATURE_CNN_PARAMETERS, NatureCNN, check_encoder
+from cleanrl_utils.random_state import random_state, set_random_state
 
 REQUIRED_METRICS = ("td_loss", "q_values")
 
 
-def _linear(inputs: int, outputs: int) -> int:
-    return inputs * outputs + outputs
+class TemplateRuleError(ValueError):
+    """A broken rule of the template. ``str(error)`` says what is wrong and how to fix it; ``status`` names
+    the failure for the run's receipt (the template closes the run as ``failed: {status}``)."""
+
+    def __init__(self, message: str, status: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # pickled (another process) with its status
+        return type(self), (self.message, self.status)
 
 
-# The head (everything but the encoder) of each reference script's QNetwork with its default settings,
-# in parameters, for n actions; tests/test_custom.py checks each against the script itself.
-REFERENCE_HEADS: dict[str, Callable[[int], int]] = {
-    "dqn": lambda n: _linear(512, n),
-    "double_dqn": lambda n: _linear(512, n),
-    "mdqn": lambda n: _linear(512, n),
-    "c51": lambda n: _linear(512, 51 * n),  # 51 atoms
-    "qrdqn": lambda n: _linear(512, 200 * n),  # 200 quantiles
-    "nc_qrdqn": lambda n: _linear(512, 200 * n) + _linear(512, 2 * n),  # 200 quantile logits, scale and shift
-    "iqn": lambda n: _linear(64, 512) + _linear(512, 512) + _linear(512, n),  # cosine embedding, 512 -> 512 -> n
-    "rainbow": lambda n: 2 * (_linear(512, 51) + _linear(512, 51 * n)),  # noisy dueling: means and sigmas
-}
+# The reference scripts (algos/NAME.py) whose heads set the default budget; tests/test_custom.py checks that
+# every script in algos/ but copies of the template is listed, so a new reference algorithm cannot outgrow it.
+REFERENCE_ALGOS = ("dqn", "double_dqn", "mdqn", "c51", "qrdqn", "nc_qrdqn", "iqn", "rainbow")
+ALGOS_DIR = Path(__file__).resolve().parents[1] / "algos"
+
+
+@functools.cache  # functools.lru_cache without a bound: each script imported once
+def _reference_network(name: str) -> type[nn.Module]:
+    from cleanrl_utils.evaluation import load_algorithm  # imports a script without running its main block
+
+    return load_algorithm(ALGOS_DIR / f"{name}.py").QNetwork
+
+
+@functools.cache  # one entry per action count
+def _reference_heads(n_actions: int) -> tuple[tuple[str, int], ...]:
+    saved = random_state()  # building the networks draws their initial weights: the run's generators stay as they were
+    try:
+        heads = []
+        for name in REFERENCE_ALGOS:
+            network = _reference_network(name)(n_actions)  # the script's default settings
+            trained = sum(p.numel() for p in network.parameters() if p.requires_grad)
+            heads.append((name, trained - NATURE_CNN_PARAMETERS))
+    finally:
+        set_random_state(saved)
+    return tuple(heads)
+
+
+def reference_heads(n_actions: int) -> dict[str, int]:
+    """The trained parameters of each reference script's ``QNetwork(n_actions)`` (its default settings)
+    beyond the Nature encoder's, by script name; counted from the scripts themselves, once per ``n_actions``."""
+    return dict(_reference_heads(n_actions))
 
 
 def largest_reference_head(n_actions: int) -> tuple[str, int]:
     """The reference algorithm with the largest head for ``n_actions`` and that head's parameters."""
-    name = max(REFERENCE_HEADS, key=lambda algo: REFERENCE_HEADS[algo](n_actions))
-    return name, REFERENCE_HEADS[name](n_actions)
+    heads = reference_heads(n_actions)
+    name = max(heads, key=heads.__getitem__)
+    return name, heads[name]
 
 
 def parameter_budget(n_actions: int) -> int:
@@ -96,6 +128,7 @@ def modules_of(algorithm: Any) -> dict[str, nn.Module]:
 
 
 def optimizers_of(algorithm: Any) -> dict[str, torch.optim.Optimizer]:
+    """Every ``torch.optim`` optimizer the algorithm holds, by attribute name (also inside lists, tuples, dicts)."""
     return {n: v for n, v in _attributes(algorithm) if isinstance(v, torch.optim.Optimizer)}
 
 
@@ -127,35 +160,44 @@ def check_network(q_network: nn.Module, n_actions: int, obs: np.ndarray, device:
     """The encoder is the unmodified Nature CNN and ``forward`` gives one Q-value per action."""
     encoder = getattr(q_network, "encoder", None)
     if encoder is None:
-        fail(
+        raise TemplateRuleError(
             "QNetwork has no `encoder` attribute; build the head over the fixed encoder: "
-            "`self.encoder = NatureCNN()` (from cleanrl_utils.encoder) and `forward(x)` = head(encoder(x))"
+            "`self.encoder = NatureCNN()` (from cleanrl_utils.encoder) and `forward(x)` = head(encoder(x))",
+            "invalid network",
         )
     if type(encoder) is not NatureCNN:
-        fail(
+        raise TemplateRuleError(
             f"QNetwork.encoder is a {type(encoder).__name__}, not cleanrl_utils' NatureCNN itself "
             "(a subclass may change what it computes); use `self.encoder = NatureCNN()` unchanged and put "
-            "the algorithm's own layers in the head"
+            "the algorithm's own layers in the head",
+            "invalid network",
         )
     try:
         check_encoder(encoder)
     except ValueError as error:
-        fail(f"QNetwork.encoder is not the unmodified Nature CNN: {error}")
+        raise TemplateRuleError(
+            f"QNetwork.encoder is not the unmodified Nature CNN: {error}", "invalid network"
+        ) from None
     if repr(encoder) != repr(NatureCNN()):
-        fail(
+        raise TemplateRuleError(
             f"QNetwork.encoder's layers differ from the Nature CNN's (activations, strides or order):\n{encoder}\n"
-            "use `self.encoder = NatureCNN()` unchanged and put the algorithm's own layers in the head"
+            "use `self.encoder = NatureCNN()` unchanged and put the algorithm's own layers in the head",
+            "invalid network",
         )
     with torch.no_grad():
         q_values = q_network(torch.as_tensor(obs[:1], device=device))
     if not isinstance(q_values, torch.Tensor) or tuple(q_values.shape) != (1, n_actions):
         shape = tuple(q_values.shape) if isinstance(q_values, torch.Tensor) else type(q_values).__name__
-        fail(
+        raise TemplateRuleError(
             f"QNetwork.forward returned {shape} for a batch of 1 observation; it must return one Q-value per "
-            f"action, shape (batch, n_actions) = (1, {n_actions}): evaluation acts on its argmax"
+            f"action, shape (batch, n_actions) = (1, {n_actions}): evaluation acts on its argmax",
+            "invalid network",
         )
     if not q_values.is_floating_point() or not torch.isfinite(q_values).all():
-        fail(f"QNetwork.forward returned {q_values.tolist()}; Q-values must be finite floating-point numbers")
+        raise TemplateRuleError(
+            f"QNetwork.forward returned {q_values.tolist()}; Q-values must be finite floating-point numbers",
+            "invalid network",
+        )
 
 
 def check_parameter_budget(algorithm: Any, n_actions: int, budget: int | None = None) -> tuple[int, int]:
@@ -163,9 +205,10 @@ def check_parameter_budget(algorithm: Any, n_actions: int, budget: int | None = 
     default = parameter_budget(n_actions)
     limit = default if budget is None else budget
     if not optimizers_of(algorithm):
-        fail(
+        raise TemplateRuleError(
             "ValueAlgorithm holds no torch.optim optimizer as an attribute (e.g. `self.optimizer = "
-            "optim.Adam(self.q_network.parameters(), lr=args.learning_rate)`); the template checkpoints it"
+            "optim.Adam(self.q_network.parameters(), lr=args.learning_rate)`); the template checkpoints it",
+            "invalid algorithm",
         )
     count, per_module = trainable_parameters(algorithm)
     detail = ", ".join(f"{name} {n:,}" for name, n in per_module.items())
@@ -187,11 +230,12 @@ def check_parameter_budget(algorithm: Any, n_actions: int, budget: int | None = 
                 f"; {', '.join(untrained)} require gradients but no optimizer trains them: if they are target "
                 "networks, freeze them with `.requires_grad_(False)` so they do not count"
             )
-        fail(
+        raise TemplateRuleError(
             f"ValueAlgorithm trains {count:,} parameters ({detail}), over the budget of {limit:,} "
             + (f"({origin})" if budget is None else "(--parameter-budget)")
             + frozen_hint
-            + "; make the head smaller, or pass --parameter-budget N to run outside the fair-comparison budget"
+            + "; make the head smaller, or pass --parameter-budget N to run outside the fair-comparison budget",
+            "over the parameter budget",
         )
     if budget is None:
         print(f"parameter budget: {limit:,} trainable parameters ({origin})", flush=True)
@@ -205,75 +249,62 @@ def check_parameter_budget(algorithm: Any, n_actions: int, budget: int | None = 
     return count, limit
 
 
-def _stop(run: Any, status: str, message: str) -> NoReturn:
-    """Mark the run failed (when one exists) and stop with the message."""
-    if run is not None:
-        run.close(status=f"failed: {status}")
-    fail(message)
-
-
-def check_actions(actions: Any, num_envs: int, n_actions: int, run: Any = None) -> np.ndarray:
-    """One integer action in [0, n_actions) per environment, as the int64 array the environments take."""
+def check_actions(actions: Any, num_envs: int, n_actions: int) -> np.ndarray:
+    """One integer action in [0, n_actions) per environment, as the int64 array the environments take;
+    ``TemplateRuleError`` (status ``invalid actions``) otherwise."""
     if isinstance(actions, torch.Tensor):
         actions = actions.detach().cpu().numpy()
     array = np.asarray(actions)
     if array.shape != (num_envs,):
-        _stop(
-            run,
-            "invalid actions",
+        raise TemplateRuleError(
             f"ValueAlgorithm.select_action returned actions of shape {array.shape}; expected ({num_envs},): "
             f"one action per environment (--num-envs {num_envs})",
+            "invalid actions",
         )
     if not np.issubdtype(array.dtype, np.integer):
-        _stop(
-            run,
-            "invalid actions",
+        raise TemplateRuleError(
             f"ValueAlgorithm.select_action returned {array.dtype} actions; they must be integers (e.g. argmax)",
+            "invalid actions",
         )
     if array.size and (array.min() < 0 or array.max() >= n_actions):
-        _stop(
-            run,
-            "invalid actions",
+        raise TemplateRuleError(
             f"ValueAlgorithm.select_action returned actions {array.tolist()}; each must lie in [0, {n_actions})",
+            "invalid actions",
         )
     return array.astype(np.int64, copy=False)
 
 
-def check_metrics(metrics: Any, global_step: int, run: Any = None, sync: bool = True) -> dict[str, Any]:
+def check_metrics(metrics: Any, global_step: int, sync: bool = True) -> dict[str, Any]:
     """``update``'s metrics: a dict of numbers (Python numbers or one-element tensors) with at least
     ``td_loss`` and ``q_values``, returned with those two first. With ``sync`` (the template's first
     update) they are read as floats and must be finite; without it only their kind is checked, so a
-    GPU is not made to wait at every update (``Run.train_metrics`` stops the run on a non-finite
-    value every 1000 steps)."""
+    GPU is not made to wait at every update (the template's loop checks the logged values, every 1000
+    agent steps). ``TemplateRuleError`` otherwise, with status ``invalid metrics`` or ``non-finite metrics``."""
     if not isinstance(metrics, dict):
-        _stop(
-            run,
-            "invalid metrics",
+        raise TemplateRuleError(
             f"ValueAlgorithm.update returned a {type(metrics).__name__}; it must return a dict of float metrics",
+            "invalid metrics",
         )
     missing = [key for key in REQUIRED_METRICS if key not in metrics]
     if missing:
-        _stop(
-            run,
-            "invalid metrics",
+        raise TemplateRuleError(
             f"ValueAlgorithm.update's metrics {sorted(map(str, metrics))} lack {', '.join(missing)}; every "
             "algorithm reports td_loss (its loss) and q_values (the mean Q-value of the batch's actions)",
+            "invalid metrics",
         )
     for key, value in metrics.items():
         if not isinstance(key, str) or not key.isidentifier():
-            _stop(
-                run,
-                "invalid metrics",
+            raise TemplateRuleError(
                 f"ValueAlgorithm.update's metric name {key!r} must be a name like td_loss (letters, digits, _)",
+                "invalid metrics",
             )
         number = isinstance(value, numbers.Real) and not isinstance(value, bool)
         if not (number or (isinstance(value, torch.Tensor) and value.numel() == 1)):
             kind = f"tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
-            _stop(
-                run,
-                "invalid metrics",
+            raise TemplateRuleError(
                 f"ValueAlgorithm.update's metric {key} is a {kind}; each metric must be one number "
                 "(a float, or a one-element tensor such as loss.detach())",
+                "invalid metrics",
             )
     order = [*REQUIRED_METRICS, *(key for key in metrics if key not in REQUIRED_METRICS)]
     if not sync:
@@ -281,11 +312,10 @@ def check_metrics(metrics: Any, global_step: int, run: Any = None, sync: bool = 
     values = {key: float(metrics[key]) for key in order}
     bad = [f"{key}={value}" for key, value in values.items() if not math.isfinite(value)]
     if bad:
-        _stop(
-            run,
-            "non-finite metrics",
+        raise TemplateRuleError(
             f"ValueAlgorithm.update returned {', '.join(bad)} at step {global_step}; metrics must be finite "
             "(a diverging loss: lower --learning-rate, clip gradients, or look for log(0) or 0/0 in the loss)",
+            "non-finite metrics",
         )
     return values
 
@@ -318,6 +348,11 @@ class ValueAlgorithmBase:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put back what ``state_dict`` returned; each optimizer's per-parameter state (Adam's moments) takes
+        its parameter's memory layout, so a checkpoint written on CUDA resumes exactly on a CPU (channels-last
+        networks under --fast) and the reverse."""
+        from cleanrl_utils.checkpoint import moments_like_parameters  # checkpoint.py reads this module's helpers
+
         members = self._state_members()
         unknown = sorted(set(state) - set(members))
         missing = sorted(set(members) - set(state))
@@ -326,6 +361,8 @@ class ValueAlgorithmBase:
         for name, value in members.items():
             if isinstance(value, (nn.Module, torch.optim.Optimizer)):
                 value.load_state_dict(state[name])
+                if isinstance(value, torch.optim.Optimizer):
+                    moments_like_parameters(value)
             elif isinstance(value, np.random.Generator):
                 value.bit_generator.state = state[name]
             else:
@@ -348,23 +385,25 @@ def check_algorithm(
     """Every start-up rule; returns the Q-network that evaluation plays with (``algorithm.q_network``).
 
     ``forward`` and ``select_action`` (at epsilon 0 and 1) are tried on ``obs``; the algorithm's state
-    and the global random generators are restored afterwards, so the checks do not change the run."""
+    and the global random generators are restored afterwards, so the checks do not change the run.
+    A broken rule raises ``TemplateRuleError`` (the first one found)."""
     for method in ("select_action", "update", "update_target_network", "state_dict", "load_state_dict"):
         if not callable(getattr(algorithm, method, None)):
-            fail(
+            raise TemplateRuleError(
                 f"ValueAlgorithm has no {method}() method; it needs select_action(obs, epsilon), "
                 "update(batch, global_step), update_target_network(tau) (a pass where there is no target network) "
-                "and, from ValueAlgorithmBase, state_dict() / load_state_dict()"
+                "and, from ValueAlgorithmBase, state_dict() / load_state_dict()",
+                "invalid algorithm",
             )
     q_network = getattr(algorithm, "q_network", None)
     if not isinstance(q_network, q_network_class):
-        fail(
+        raise TemplateRuleError(
             f"ValueAlgorithm.q_network is a {type(q_network).__name__}, not a QNetwork; set "
-            "`self.q_network = QNetwork(envs).to(device)`: evaluation plays with it"
+            "`self.q_network = QNetwork(envs).to(device)`: evaluation plays with it",
+            "invalid algorithm",
         )
     saved = copy.deepcopy(algorithm.state_dict())
-    generators = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    generators = random_state()
     try:
         check_network(q_network, envs.n_actions, obs, device)
         check_parameter_budget(algorithm, envs.n_actions, budget)
@@ -372,9 +411,5 @@ def check_algorithm(
             check_actions(algorithm.select_action(obs, epsilon), envs.num_envs, envs.n_actions)
     finally:
         algorithm.load_state_dict(saved)
-        random.setstate(generators[0])
-        np.random.set_state(generators[1])
-        torch.set_rng_state(generators[2])
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
+        set_random_state(generators)
     return q_network

@@ -269,16 +269,3 @@ def test_state_dict_of_other_settings_is_refused_with_the_reason(other, words):
     state.pop("open")
     with pytest.raises(ValueError, match="lacks \\['open'\\]"):
         ReplayBuffer(90, 3, (STACK, *FRAME), gamma=0.9).load_state_dict(state)
-
-
-def test_checkpoints_written_before_state_dict_still_load():
-    """Older checkpoints kept the buffer's attributes as read off ``vars()``, the generator wrapped as
-    {"__generator__": ...}: the checkpoint reader flattens them into today's fields."""
-    from cleanrl_utils.checkpoint import _older_replay_state
-
-    buffer = filled()
-    older = {name: getattr(buffer, name) for name in (*ReplayBuffer.SETTINGS, *ReplayBuffer.ARRAYS)}
-    older["rng"] = {"__generator__": buffer.rng.bit_generator.state}
-    copy = ReplayBuffer(90, 3, (STACK, *FRAME), gamma=0.9, seed=1)
-    copy.load_state_dict(_older_replay_state(older))
-    np.testing.assert_array_equal(buffer.sample(16).actions, copy.sample(16).actions)

@@ -24,7 +24,7 @@ import torch
 from conftest import REPO, run_python, weights
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from cleanrl_utils.checkpoint import CheckpointError, list_checkpoints, read_checkpoint
+from cleanrl_utils.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 
 TOTAL = 1000  # 400 updates; checkpoints at 300, 600 and 900, evaluations at 400, 800 and the end
 # one torch thread, fixed, for exactness (tests/conftest.py's FAST_LEARNING says why)
@@ -121,7 +121,7 @@ def test_sigterm_writes_a_checkpoint_exits_0_and_the_resumed_run_is_bit_identica
     receipt = json.loads((run_dir / "receipt.json").read_text())
     assert receipt["status"] == "interrupted"
     newest = list_checkpoints(run_dir)[0]
-    state = read_checkpoint(newest, f"{script}.py").state  # loadable
+    state = load_checkpoint(newest, f"{script}.py").state  # loadable
     assert state["global_step"] == receipt["counts"]["env_steps"] < TOTAL
     resume(run_dir, script)
     assert_same_run(run_dir, uninterrupted)
@@ -158,17 +158,17 @@ def test_bad_checkpoints_are_refused_and_the_older_one_offered(uninterrupted, tm
     for name, content in cases.items():
         state_file.write_bytes(content)
         with pytest.raises(CheckpointError, match="cannot be read"):
-            read_checkpoint(newest, "dqn.py")
+            load_checkpoint(newest, "dqn.py")
         done = run_python("algos/dqn.py", "--resume", str(copy), timeout=120)
         assert done.returncode != 0 and "Traceback" not in done.stderr, (name, done.stderr)
         assert f"refusing checkpoint {newest}" in done.stderr and f"--resume {older}" in done.stderr, done.stderr
         assert state_file.read_bytes() == content, "a refused checkpoint must be left as it was"
-    assert read_checkpoint(older, "dqn.py").step == 600  # the older one still loads
+    assert load_checkpoint(older, "dqn.py").step == 600  # the older one still loads
 
     done = run_python("algos/double_dqn.py", "--resume", str(older), timeout=120)
     assert done.returncode != 0 and "written by dqn.py, not double_dqn.py" in done.stderr, done.stderr
     with pytest.raises(CheckpointError, match="written by dqn.py"):
-        read_checkpoint(older, "qrdqn.py")
+        load_checkpoint(older, "qrdqn.py")
 
 
 PLANTED = ("loss = F.mse_loss(td_target, old_val)", "loss = F.mse_loss(td_target, old_val) * NAN_AFTER(global_step)")
@@ -200,9 +200,9 @@ def test_a_planted_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpo
     assert f"the last good checkpoint is {run_dir / 'checkpoints' / 'step_000000000600'}" in err, err
     receipt = json.loads((run_dir / "receipt.json").read_text())
     assert receipt["status"].startswith("failed: non-finite td_loss=nan") and "at step 1000" in receipt["status"]
-    state = read_checkpoint(list_checkpoints(run_dir)[0], "dqn.py").state
+    state = load_checkpoint(list_checkpoints(run_dir)[0], "dqn.py").state
     assert state["global_step"] == 600
-    assert all(torch.isfinite(t).all() for t in state["q_network"].values())
+    assert all(torch.isfinite(t).all() for t in state["q_network"]["state_dict"].values())
 
 
 def test_skip_mode_skips_non_finite_updates_and_finishes(tmp_path):
@@ -345,21 +345,26 @@ def test_resume_given_the_run_dir_resumes_its_one_run_or_lists_several(uninterru
 
 
 @REFERENCE
-def test_a_checkpoint_that_used_a_flag_the_script_no_longer_has_is_refused(uninterrupted, tmp_path):
-    """dqn.py's Rainbow flags moved to rainbow.py: a run that had --prioritized on must not silently resume
-    without it; flags left at their off values resume with a word."""
+def test_a_checkpoint_of_another_format_or_with_a_setting_the_script_lacks_is_refused(uninterrupted, tmp_path):
+    """no compatibility code: a checkpoint of the earlier format, or one whose run had a setting this script does
+    not have (dqn.py's --prioritized, before it moved to rainbow.py), is refused with what to do, before anything
+    is written; the run folder is left as it was"""
     copy = tmp_path / uninterrupted.name
     subprocess.run(["cp", "-r", str(uninterrupted), str(copy)], check=True)
     checkpoint = list_checkpoints(copy)[0]
+    original = (checkpoint / "state.pt").read_bytes()
     state = torch.load(checkpoint / "state.pt", weights_only=True)
-    state["original_args"] = {**state["original_args"], "prioritized": True, "dueling": False}
-    torch.save(state, checkpoint / "state.pt")
-    done = run_python("algos/dqn.py", "--resume", str(copy), timeout=120)
-    assert done.returncode == 2 and "the run used --prioritized True, which dqn.py no longer has" in done.stderr
-    state["original_args"]["prioritized"] = False
-    torch.save(state, checkpoint / "state.pt")
+    for changed, words in [
+        ({"format": 1}, "format 1, written by an earlier version of value-atari; this version reads format 2 only"),
+        ({"args": {**state["args"], "prioritized": True}}, "settings this script does not have (prioritized)"),
+    ]:
+        torch.save({**state, **changed}, checkpoint / "state.pt")
+        before = {p: p.stat().st_mtime_ns for p in copy.rglob("*")}
+        done = run_python("algos/dqn.py", "--resume", str(copy), timeout=120)
+        assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert {p: p.stat().st_mtime_ns for p in copy.rglob("*")} == before, "a refused resume wrote something"
+    (checkpoint / "state.pt").write_bytes(original)
     for model in copy.glob("*.cleanrl_model"):
         model.unlink()
     done = run_python("algos/dqn.py", "--resume", str(copy), timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "settings this script no longer has, left at their off values: ['dueling', 'prioritized']" in done.stdout

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -28,11 +29,14 @@ from cleanrl_utils.buffer import ReplayBatch
 from cleanrl_utils.encoder import NATURE_CNN_PARAMETERS
 from cleanrl_utils.evaluation import load_algorithm
 from cleanrl_utils.template_rules import (
-    REFERENCE_HEADS,
+    REFERENCE_ALGOS,
+    TemplateRuleError,
     check_actions,
     check_metrics,
+    check_network,
     largest_reference_head,
     parameter_budget,
+    reference_heads,
     trainable_parameters,
 )
 
@@ -298,49 +302,78 @@ def test_nan_metrics_stop_the_run_at_the_first_update(tmp_path):
 
 
 def test_metric_and_action_checks_in_detail(capsys):
-    def stops(call, message):
-        with pytest.raises(SystemExit) as info:
+    """The rules raise (library code does not exit): the message for the user, the status for the receipt."""
+
+    def stops(call, message, status):
+        with pytest.raises(TemplateRuleError) as info:
             call()
-        assert info.value.code == 2 and message in capsys.readouterr().err
+        assert message in str(info.value) and info.value.message == str(info.value)
+        assert info.value.status == status
+        assert isinstance(info.value, ValueError)
 
     good = {"td_loss": torch.tensor(0.5), "q_values": 1.0, "extra": np.float32(2.0)}
     assert check_metrics(good, 7, sync=False) == good  # not read: no GPU wait
     synced = check_metrics({"extra": 2, **good}, 7)
     assert synced == {"td_loss": 0.5, "q_values": 1.0, "extra": 2.0} and list(synced)[:2] == ["td_loss", "q_values"]
-    stops(lambda: check_metrics({"td_loss": 1.0}, 7), "lack q_values")
-    stops(lambda: check_metrics({**good, "extra": torch.ones(3)}, 7, sync=False), "tensor of shape (3,)")
-    stops(lambda: check_metrics({**good, "extra": "high"}, 7, sync=False), "metric extra is a str")
-    stops(lambda: check_metrics({**good, "has space": 1.0}, 7, sync=False), "metric name 'has space'")
-    stops(lambda: check_metrics([1.0], 7), "returned a list")
-    stops(lambda: check_metrics({**good, "extra": float("inf")}, 7), "extra=inf at step 7")
+    invalid, non_finite = "invalid metrics", "non-finite metrics"
+    stops(lambda: check_metrics({"td_loss": 1.0}, 7), "lack q_values", invalid)
+    stops(lambda: check_metrics({**good, "extra": torch.ones(3)}, 7, sync=False), "tensor of shape (3,)", invalid)
+    stops(lambda: check_metrics({**good, "extra": "high"}, 7, sync=False), "metric extra is a str", invalid)
+    stops(lambda: check_metrics({**good, "has space": 1.0}, 7, sync=False), "metric name 'has space'", invalid)
+    stops(lambda: check_metrics([1.0], 7), "returned a list", invalid)
+    stops(lambda: check_metrics({**good, "extra": float("inf")}, 7), "extra=inf at step 7", non_finite)
     assert check_actions(torch.tensor([1, 0, 3]), 3, 4).dtype == np.int64
-    stops(lambda: check_actions(np.array([0.0, 1.0]), 2, 4), "float64 actions")
-    stops(lambda: check_actions(np.array([0, -1]), 2, 4), "each must lie in [0, 4)")
-    stops(lambda: check_actions(np.array(1), 1, 4), "shape (); expected (1,)")
+    stops(lambda: check_actions(np.array([0.0, 1.0]), 2, 4), "float64 actions", "invalid actions")
+    stops(lambda: check_actions(np.array([0, -1]), 2, 4), "each must lie in [0, 4)", "invalid actions")
+    stops(lambda: check_actions(np.array(1), 1, 4), "shape (); expected (1,)", "invalid actions")
+    obs = np.zeros((1, 4, 84, 84), dtype=np.uint8)
+    stops(lambda: check_network(torch.nn.Linear(2, 2), 4, obs, torch.device("cpu")), "no `encoder`", "invalid network")
+    assert capsys.readouterr() == ("", ""), "the checks print nothing and leave stopping to the script"
+    error = TemplateRuleError("what is wrong; how to fix it", "non-finite metrics")
+    again = pickle.loads(pickle.dumps(error))  # e.g. from a worker process
+    assert (str(again), again.status) == ("what is wrong; how to fix it", "non-finite metrics")
 
 
 # ---------------------------------------------------------------- 4. the budget and the checkpoint state
 
 
+def linear(inputs: int, outputs: int) -> int:
+    return inputs * outputs + outputs  # weights and biases
+
+
+# Each reference script's head (its QNetwork with its default settings, the Nature encoder left out), written
+# out by hand from the scripts' papers and layers: what template_rules counts from the scripts must agree
+HEADS_BY_HAND = {
+    "dqn": lambda n: linear(512, n),
+    "double_dqn": lambda n: linear(512, n),
+    "mdqn": lambda n: linear(512, n),
+    "c51": lambda n: linear(512, 51 * n),  # 51 atoms per action
+    "qrdqn": lambda n: linear(512, 200 * n),  # 200 quantiles per action
+    "nc_qrdqn": lambda n: linear(512, 200 * n) + linear(512, 2 * n),  # 200 quantile logits, a scale and a shift
+    "iqn": lambda n: linear(64, 512) + linear(512, 512) + linear(512, n),  # cosine embedding, 512 -> 512 -> n
+    "rainbow": lambda n: 2 * (linear(512, 51) + linear(512, 51 * n)),  # noisy dueling: means and sigmas
+}
+
+
 def test_budget_is_the_largest_head_of_the_reference_scripts():
-    """Each formula of REFERENCE_HEADS against the script's own QNetwork (default settings); every script
-    in algos/ but copies of the template is listed, so a new reference algorithm cannot outgrow the budget."""
+    """The heads template_rules counts from the reference scripts' own networks against the same heads
+    written by hand, and the budget against the largest of them; every script in algos/ but copies of
+    the template is a reference, so a new reference algorithm cannot outgrow the budget."""
     scripts = [p for p in sorted((REPO / "algos").glob("*.py")) if "ValueAlgorithmBase" not in p.read_text()]
-    assert {p.stem for p in scripts} <= set(REFERENCE_HEADS), (
-        "add the new algorithm's head to template_rules.REFERENCE_HEADS"
+    assert {p.stem for p in scripts} == set(REFERENCE_ALGOS) == set(HEADS_BY_HAND), (
+        "add the new algorithm to template_rules.REFERENCE_ALGOS and its head to HEADS_BY_HAND"
     )
-    heads = {}
-    for script in scripts:
-        module = load_algorithm(script)
-        for n_actions in (2, 4, 18):
-            network = module.QNetwork(n_actions)
-            trained = sum(p.numel() for p in network.parameters() if p.requires_grad) - NATURE_CNN_PARAMETERS
-            assert trained == REFERENCE_HEADS[script.stem](n_actions), (script.stem, n_actions)
-            heads[script.stem, n_actions] = trained
-    for n_actions in (2, 4, 18):
-        largest = max(v for (_, n), v in heads.items() if n == n_actions)
+    for n_actions in (2, 3, 4, 6, 9, 18):
+        by_hand = {name: head(n_actions) for name, head in HEADS_BY_HAND.items()}
+        assert reference_heads(n_actions) == by_hand, n_actions
+        largest = max(by_hand.values())
+        [name] = [name for name, head in by_hand.items() if head == largest]
+        assert largest_reference_head(n_actions) == (name, largest)
         assert parameter_budget(n_actions) == NATURE_CNN_PARAMETERS + largest
+        assert name == ("iqn" if n_actions == 2 else "nc_qrdqn")
+    assert largest_reference_head(2) == ("iqn", 296_962) and parameter_budget(2) == 1_981_090
     assert parameter_budget(4) == 2_098_632 and largest_reference_head(4) == ("nc_qrdqn", 414_504)
+    assert parameter_budget(18) == 1_684_128 + 513 * 202 * 18 == 3_549_396  # docs/custom_algorithms.md's formula
 
 
 def test_trainable_parameters_count_each_trained_parameter_once():
@@ -378,8 +411,17 @@ def test_value_algorithm_state_round_trips(tmp_path):
     first.n_actions = 5  # a plain number comes back too
     state = copy.deepcopy(first.state_dict())
     assert set(state) == {"q_network", "optimizer", "target_network", "rng", "n_actions"}
+    # Adam's moments as a checkpoint written on CUDA holds them (contiguous), where --fast makes the networks
+    # channels-last on the CPU: load_state_dict gives them their parameters' layout for the fused kernel
+    moments = [m for saved in state["optimizer"]["state"].values() for m in saved.values() if torch.is_tensor(m)]
+    assert any(not m.is_contiguous() for m in moments), "the convolutions' moments should be channels-last here"
+    for saved in state["optimizer"]["state"].values():
+        saved.update({k: v.contiguous() for k, v in saved.items() if torch.is_tensor(v)})
     second = module.ValueAlgorithm(envs, torch.device("cpu"), args)
     second.load_state_dict(state)
+    for p in second.q_network.parameters():
+        for value in second.optimizer.state[p].values():
+            assert value.shape != p.shape or value.stride() == p.stride()
     assert second.n_actions == 5
     second.n_actions = first.n_actions = 4
     for name in ("q_network", "target_network"):
@@ -388,6 +430,8 @@ def test_value_algorithm_state_round_trips(tmp_path):
     # the same next actions and the same next update: optimizer moments and the generator came back
     assert (first.select_action(obs.numpy(), 0.5) == second.select_action(obs.numpy(), 0.5)).all()
     assert first.update(data, 3)["td_loss"].item() == second.update(data, 3)["td_loss"].item()
+    for a, b in zip(first.q_network.parameters(), second.q_network.parameters(), strict=True):
+        assert torch.equal(a, b), "the update after the load differs: the moments came back wrong"
     with pytest.raises(KeyError, match="missing"):
         second.load_state_dict({k: v for k, v in state.items() if k != "rng"})
 

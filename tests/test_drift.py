@@ -96,6 +96,27 @@ def restore_lines(source: str) -> str:
     return segment(source, body[first : first + 2])
 
 
+def statements(source: str, first: str, count: int) -> str:
+    """``count`` statements of the main block (at any depth), from the one whose text starts with ``first``"""
+    for node in ast.walk(main_block(source)):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            for i, statement in enumerate(body):
+                if ast.unparse(statement).startswith(first):
+                    return segment(source, body[i : i + count])
+    raise AssertionError(f"no statement starting with {first!r}")
+
+
+# what happens at a resume, a signal, a non-finite loss and a checkpoint: the same lines in every script
+SHARED_LINES = {
+    "--resume": ("try:\n    checkpoint = find_checkpoint(", 1),
+    "signals": ("stop = StopFlag(", 3),
+    "non-finite stop": ("values = run.train_metrics(", 3),
+    "checkpoint": ("every = args.checkpoint_every", 3),
+    "training done": ("run.print(f'training done at step", 2),
+}
+
+
 def drift(texts: dict[str, str]) -> list[str]:
     """the names whose text differs from the first one's"""
     (first, reference), *others = texts.items()
@@ -112,6 +133,8 @@ def all_drift(scripts: dict[str, str]) -> list[str]:
     found += [f"--adam-eps check: {d}" for d in drift({name: adam_eps_check(s) for name, s in scripts.items()})]
     found += [f"update: {d}" for d in drift({name: update_lines(s)[1] for name, s in scripts.items()})]
     found += [f"start or restore: {d}" for d in drift({name: restore_lines(s) for name, s in scripts.items()})]
+    for what, (first, count) in SHARED_LINES.items():
+        found += [f"{what}: {d}" for d in drift({name: statements(s, first, count) for name, s in scripts.items()})]
     dqn, double = functions["dqn"], functions["double_dqn"]
     found += [
         f"double_dqn.{name} differs from dqn's"
@@ -170,6 +193,13 @@ def test_the_adam_line_carries_the_flag_and_every_script_has_it():
         ("dqn", "gather(1, data.actions.unsqueeze(1))", "gather(1, data.actions.unsqueeze(-1))"),  # vs double
         ("rainbow", "must be > 0 and finite (this", "must be > 0 and finite  (this"),  # the --adam-eps check
         ("qrdqn", "learning_starts += global_step", "learning_starts = global_step"),  # the restore lines
+        ("c51", "rb.cut_episodes()", "pass"),  # the restore lines
+        ("iqn", "resume_args(args, checkpoint) if", "resume_args(args, checkpoint)  if"),  # --resume
+        ("mdqn", "signal.signal(signal.SIGTERM, stop.set)", "signal.signal(signal.SIGHUP, stop.set)"),  # signals
+        ("rainbow", 'if args.on_nonfinite == "stop" else {}', 'if args.on_nonfinite != "skip" else {}'),  # non-finite
+        ("nc_qrdqn", "if stop.requested:\n", "if stop.requested and periodic:\n"),  # the checkpoint lines
+        ("c51", "> previous_step // every and", ">= previous_step // every and"),  # the checkpoint lines
+        ("qrdqn", "then the run ends as finished", "then the run ends"),  # training done
     ],
 )
 def test_a_one_character_change_in_one_copy_is_caught(script, original, changed):
@@ -199,7 +229,10 @@ def test_the_flags_for_running_are_declared_once_and_every_script_has_them():
 def test_the_template_starts_and_restores_as_the_scripts_do():
     template = (REPO / "algos" / "custom_value_atari.py").read_text()
     assert restore_lines(template) == restore_lines(sources()["dqn"])
-    assert "checkpointer.restore()" in restore_lines(template)
+    assert "load_parts(parts, state)" in restore_lines(template)
+    for what, (first, count) in SHARED_LINES.items():
+        if what != "non-finite stop":  # the template has no --on-nonfinite: TEMPLATE_LOOP_DIFFERENCES
+            assert statements(template, first, count) == statements(sources()["dqn"], first, count), what
 
 
 # the only lines where the template's loop (and what follows it) differs from dqn.py's: the algorithm's calls
@@ -210,7 +243,11 @@ TEMPLATE_LOOP_DIFFERENCES = """
 -                with torch.no_grad():
 -                    q_values = q_network(torch.as_tensor(obs[greedy], device=device))
 -                actions[greedy] = q_values.argmax(dim=1).cpu().numpy()
-+            actions = check_actions(algorithm.select_action(obs, epsilon), args.num_envs, envs.n_actions, run)
++            try:
++                actions = check_actions(algorithm.select_action(obs, epsilon), args.num_envs, envs.n_actions)
++            except TemplateRuleError as error:  # the receipt says failed: invalid actions
++                run.close(status=f"failed: {error.status}")
++                fail(str(error))
 -                    loss, metrics = compute_loss(q_network, target_network, data, args)
 -                    if args.on_nonfinite == "skip" and not torch.isfinite(loss):  # reads the loss: a host sync
 -                        run.counts["skipped_updates"] += 1
@@ -219,13 +256,16 @@ TEMPLATE_LOOP_DIFFERENCES = """
 -                    loss.backward()
 -                    optimizer.step()
 +                    metrics = algorithm.update(data, global_step)
-+                    metrics = check_metrics(metrics, global_step, run, sync=run.counts["gradient_updates"] == 0)
--                # the only host synchronisation of the loop; a non-finite value stops the run here
++                    try:
++                        metrics = check_metrics(metrics, global_step, sync=run.counts["gradient_updates"] == 0)
++                    except TemplateRuleError as error:  # e.g. failed: non-finite metrics
++                        run.close(status=f"failed: {error.status}")
++                        fail(str(error))
+-                bad = nonfinite(values if args.on_nonfinite == "stop" else {}, q_network)
++                bad = nonfinite(values, q_network)
 -                for target_param, q_param in zip(target_network.parameters(), q_network.parameters(), strict=True):
 -                    target_param.data.copy_(args.tau * q_param.data + (1.0 - args.tau) * target_param.data)
 +                algorithm.update_target_network(args.tau)
--            checkpointer.save(global_step, obs, update_credit, start_time)
-+            checkpointer.save(global_step, obs, update_credit, start_time)  # algorithm.state_dict() and the rest
 """.strip("\n").splitlines()
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import REPO, read_json, run_python
 
-from cleanrl_utils.checkpoint import list_checkpoints, read_checkpoint
+from cleanrl_utils.checkpoint import list_checkpoints, load_checkpoint
 
 GAMES, TRAIN_FREQUENCY, LEARNING_STARTS, TARGET_FREQUENCY, TOTAL = 3, 4, 100, 50, 600
 LOOP_RUN = [
@@ -39,14 +39,15 @@ def run_loop(script: str, tmp_path: Path, *flags: str) -> tuple[Path, str]:
 
 def snapshots(run_dir: Path, script: str) -> list[tuple[int, dict]]:
     """(step, checkpoint state) of every checkpoint of the run, oldest first"""
-    found = [read_checkpoint(path, script) for path in reversed(list_checkpoints(run_dir))]
-    return [(resumed.step, resumed.state) for resumed in found]
+    found = [load_checkpoint(path, script) for path in reversed(list_checkpoints(run_dir))]
+    return [(checkpoint.step, {**checkpoint.state, "replay_state": checkpoint.replay()}) for checkpoint in found]
 
 
 def networks(state: dict) -> tuple[dict, dict]:
     if "algorithm" in state:  # the template's ValueAlgorithm holds them
         state = state["algorithm"]
-    return state["q_network"], state["target_network"]
+        return state["q_network"], state["target_network"]
+    return state["q_network"]["state_dict"], state["target_network"]["state_dict"]
 
 
 def same(a: dict, b: dict) -> bool:
@@ -91,7 +92,7 @@ def test_the_target_network_is_the_online_network_right_after_each_sync_and_not_
 def test_the_number_of_updates_is_the_closed_form_of_the_update_credit(hard_sync_run):
     run_dir, _ = hard_sync_run
     for step, state in snapshots(run_dir, "dqn"):
-        assert state["counts"]["gradient_updates"] == updates_by(step), step
+        assert state["run"]["counts"]["gradient_updates"] == updates_by(step), step
     receipt = read_json(run_dir / "receipt.json")
     assert receipt["counts"]["gradient_updates"] == updates_by(TOTAL) == 125  # 1 per vector step: 167
 

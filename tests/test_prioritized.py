@@ -255,22 +255,17 @@ def test_buffer_refuses_bad_input():
         buffer.update_priorities(live, np.array([1.0]))
 
 
-def test_state_dict_declares_the_tree_and_older_checkpoints_load():
-    """The prioritized buffer's state adds the sum tree and the largest priority to the replay fields; an older
-    checkpoint (the tree nested as {"__object__": ...}) loads into the same state."""
-    from cleanrl_utils.checkpoint import _older_replay_state
-
+def test_state_dict_declares_the_tree_and_loads_back():
+    """The prioritized buffer's state adds the sum tree and the largest priority to the replay fields, and loads
+    into a buffer of the same settings (another alpha is refused)."""
     buffer, _ = filled_buffer(num_envs=2, buffer_size=40, n_step=1, steps=30)
     live = live_leaves(buffer)
     buffer.update_priorities(live, np.random.default_rng(1).exponential(size=len(live)))
     state = buffer.state_dict()
     assert set(state) == {*PrioritizedReplayBuffer.SETTINGS, *PrioritizedReplayBuffer.ARRAYS, "rng", "tree.sums",
                           "tree.mins", "max_priority"}  # fmt: skip
-    older = {k: v for k, v in state.items() if not k.startswith("tree.") and k != "rng"}
-    older["rng"] = {"__generator__": state["rng"]}
-    older["tree"] = {"__object__": {"sums": state["tree.sums"], "mins": state["tree.mins"]}}
     copy = PrioritizedReplayBuffer(40, 2, (STACK, *FRAME), n_step=1, gamma=0.9, seed=7)
-    copy.load_state_dict(_older_replay_state(older))
+    copy.load_state_dict(state)
     np.testing.assert_array_equal(copy.tree.mins, buffer.tree.mins)
     np.testing.assert_array_equal(copy.sample(8, 0.4).indices, buffer.sample(8, 0.4).indices)
     wrong = PrioritizedReplayBuffer(40, 2, (STACK, *FRAME), n_step=1, gamma=0.9, alpha=0.9)

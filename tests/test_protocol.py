@@ -23,9 +23,12 @@ import cv2
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from scipy import stats
+from torch import nn
 
 from cleanrl_utils.envs import NOOP, NOOP_MAX, TrainEnvs, make_vector_env, play_episodes
+from cleanrl_utils.evaluation import evaluate
 
 
 class EpisodicLife(gym.Wrapper):
@@ -365,3 +368,63 @@ def test_noop_starts_draw_0_to_30_frames_uniformly():
     draws = noop_draws("BreakoutNoFrameskip-v4", 4, seed=1000, resets=128).ravel()
     assert min(draws) == 0 and max(draws) == NOOP_MAX and len(set(draws)) == NOOP_MAX + 1
     assert stats.chisquare(np.bincount(draws, minlength=NOOP_MAX + 1)).pvalue > 1e-3
+
+
+class Scale(nn.Module):
+    def forward(self, obs):
+        return obs.float() / 255.0
+
+
+def test_the_recorded_video_is_the_first_scored_game_and_changes_nothing(tmp_path):
+    # --capture-video records the first of the evaluation's games as it is scored (through the same
+    # TrainEnvs), not one more game: the result is the same with and without it, and the video has a
+    # frame per step of that game plus its first frame. A random linear network with epsilon 0.2
+    # draws from the evaluation's generator at every step, so any extra draw would change the games.
+    torch.manual_seed(0)
+    q_network = nn.Sequential(Scale(), nn.Flatten(), nn.Linear(4 * 84 * 84, 4))
+    env_id, device = "BreakoutNoFrameskip-v4", torch.device("cpu")
+    plain = evaluate(q_network, env_id, 4, device, episodes=3, epsilon=0.2, seed=23)
+    path = tmp_path / "videos" / "eval_step_0.mp4"
+    recorded = evaluate(q_network, env_id, 4, device, episodes=3, epsilon=0.2, seed=23, video_path=path)
+    assert recorded == plain
+    first, *others = plain["episodic_lengths"]
+    assert first not in others  # the video's length is game 0's alone
+    video = cv2.VideoCapture(str(path))
+    frames = 0
+    while True:
+        ok, frame = video.read()
+        if not ok:
+            break
+        assert frame.shape == (336, 336, 3)
+        frames += 1
+    video.release()
+    assert frames == plain["episodic_lengths"][0] + 1
+
+
+def test_play_episodes_records_the_frames_game_0_is_played_on():
+    # The frames given to ``record`` are the newest frame of game 0's stacks, from its reset to its last
+    # step: the same game as one played alone with the same seed and actions (a constant policy, no
+    # exploration; ale-py seeds sub-environment i with seed + i).
+    frames = []
+    returns, lengths, _ = play_episodes(
+        "BreakoutNoFrameskip-v4",
+        3,
+        5,
+        lambda obs: np.full(len(obs), 3),
+        4,
+        0.0,
+        np.random.default_rng(0),
+        record=frames.append,
+    )
+    alone = TrainEnvs("BreakoutNoFrameskip-v4", 1, seed=5)
+    expected = [alone.reset()[0, -1].copy()]
+    while True:
+        step = alone.step(np.array([3]))
+        expected.append(step.next_obs[0, -1].copy())
+        if step.ends[0]:
+            break
+    alone.close()
+    assert len(frames) == lengths[0] + 1 == len(expected)
+    assert step.episode_returns[0][1:] == (returns[0], lengths[0])
+    for frame, reference in zip(frames, expected, strict=True):
+        np.testing.assert_array_equal(frame, reference)

@@ -18,7 +18,7 @@ import torch
 from conftest import REPO, scalars
 from test_c51 import SUPPORT, breakout_frames, delayed_image_states
 
-from cleanrl_utils.evaluation import load_algorithm, network_kwargs
+from cleanrl_utils.evaluation import load_algorithm
 
 SCRIPT = REPO / "algos" / "rainbow.py"
 rainbow = load_algorithm(SCRIPT)
@@ -271,7 +271,7 @@ def test_breakout_run_logs_beta_and_sigma_and_explores_by_noise_alone(breakout_r
     # so early, so a sign error cannot show on Breakout (the toy run's values in test_scripts.py catch it)
     saved = torch.load(run / "rainbow.cleanrl_model", map_location="cpu", weights_only=True)
     torch.testing.assert_close(saved["state_dict"]["atoms"].double(), SUPPORT, rtol=0, atol=1e-6)
-    net = rainbow.QNetwork(4, **network_kwargs(rainbow.QNetwork, saved))
+    net = rainbow.QNetwork(4, **saved["network_kwargs"])
     net.load_state_dict(saved["state_dict"])
     net.eval()
     with torch.no_grad():
@@ -297,7 +297,7 @@ def test_toy_run_model_expects_the_discounted_reward_at_each_cue(toy_run):
     states, true_values = delayed_image_states()
     assert true_values[[0, 3]].diagonal().tolist() == [0.99, 0.99]  # rows 0 and 3 are the cues
     saved = torch.load(toy_run("rainbow").dir / "rainbow.cleanrl_model", map_location="cpu", weights_only=True)
-    net = rainbow.QNetwork(2, **network_kwargs(rainbow.QNetwork, saved))
+    net = rainbow.QNetwork(2, **saved["network_kwargs"])
     net.load_state_dict(saved["state_dict"])
     net.eval()
     observations = states[[0, 3]]  # the two cues
