@@ -350,12 +350,12 @@ if __name__ == "__main__":
                 run.print(f"stopped at step {global_step} by {stop.requested}; resume with: python {where}")
                 sys.exit(0)
 
-    run.print(f"training done at step {global_step}; final evaluation of {args.eval_episodes} games")
     stop.message = (
         f"training is done (step {global_step}); the final evaluation goes on to its end"
         f"{' and the model is saved' if args.save_model else ''}, then the run ends as finished; no checkpoint is "
         "written (signal again to exit at once, without the final evaluation)"
     )
+    run.print(f"training done at step {global_step}; final evaluation of {args.eval_episodes} games")
     with run.timed("evaluation"):
         result = evaluate(
             q_network,

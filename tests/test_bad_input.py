@@ -177,7 +177,7 @@ def test_the_one_process_runner_reports_an_accepted_command_line_and_a_crash(tmp
         str(tmp_path / "cases.json"),
         str(tmp_path / "out.json"),
         "--seconds",
-        "8",
+        "20",
     )
     assert done.returncode == 0, done.stderr[-2000:]
     accepted, crashed, refused = json.loads((tmp_path / "out.json").read_text())

@@ -113,7 +113,7 @@ SHARED_LINES = {
     "signals": ("stop = StopFlag(", 3),
     "non-finite stop": ("values = run.train_metrics(", 3),
     "checkpoint": ("every = args.checkpoint_every", 3),
-    "training done": ("run.print(f'training done at step", 2),
+    "training done": ("stop.message = ", 2),
 }
 
 
