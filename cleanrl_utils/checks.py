@@ -21,42 +21,21 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def validate_common_args(args: Any) -> None:
-    """Check the flags every script shares; each message names the flag, the value and the fix."""
-    for name in (
-        "total_timesteps",
-        "buffer_size",
-        "batch_size",
-        "train_frequency",
-        "target_network_frequency",
-        "num_envs",
-        "eval_episodes",
-    ):
+def validate_common_args(args: Any, replay: bool = True) -> None:
+    """Check the flags every script shares; each message names the flag, the value and the fix. ``replay=False``:
+    a script without replay memory or target network (PQN), whose Args lack those flags."""
+    positive = ["total_timesteps", "num_envs", "eval_episodes"]
+    positive += ["buffer_size", "batch_size", "train_frequency", "target_network_frequency"] if replay else []
+    for name in positive:
         value = getattr(args, name)
         if value <= 0:
             fail(f"--{name.replace('_', '-')} {value} must be a positive integer")
-    if args.learning_starts < 0:
-        fail(f"--learning-starts {args.learning_starts} must be >= 0")
     if args.eval_every < 0:
         fail(f"--eval-every {args.eval_every} must be >= 0 (0 turns periodic evaluation off)")
-    if args.buffer_size < args.batch_size:
-        fail(f"--buffer-size {args.buffer_size} is smaller than --batch-size {args.batch_size}; raise --buffer-size")
-    slots = -(-args.buffer_size // args.num_envs)
-    if slots < 8:
-        fail(
-            f"--buffer-size {args.buffer_size} gives {slots} replay slots per environment with "
-            f"--num-envs {args.num_envs}; each needs at least 8 (a frame stack and a transition): "
-            f"raise --buffer-size to at least {8 * args.num_envs}"
-        )
-    if args.learning_starts < args.batch_size:
-        fail(
-            f"--learning-starts {args.learning_starts} is smaller than --batch-size {args.batch_size}; "
-            "learning needs at least one batch of stored transitions: raise --learning-starts"
-        )
+    if replay:
+        validate_replay_args(args)
     if not 0.0 < args.gamma <= 1.0:
         fail(f"--gamma {args.gamma} must be in (0, 1]")
-    if not 0.0 < args.tau <= 1.0:
-        fail(f"--tau {args.tau} must be in (0, 1] (1 copies the online network into the target)")
     if not args.learning_rate > 0.0:
         fail(f"--learning-rate {args.learning_rate} must be > 0")
     for name in ("start_e", "end_e", "eval_epsilon"):
@@ -71,6 +50,30 @@ def validate_common_args(args: Any) -> None:
         fail(f"--checkpoint-keep {args.checkpoint_keep} must be >= 1 (the newest checkpoints kept)")
     if not 0.0 < args.exploration_fraction <= 1.0:
         fail(f"--exploration-fraction {args.exploration_fraction} must be in (0, 1]")
+    if getattr(args, "track", False) and importlib.util.find_spec("wandb") is None:
+        fail("--track needs Weights & Biases: pip install 'value-atari[track]' (or pip install wandb)")
+
+
+def validate_replay_args(args: Any) -> None:
+    """The replay memory's and target network's flags (validate_common_args calls it)."""
+    if args.learning_starts < 0:
+        fail(f"--learning-starts {args.learning_starts} must be >= 0")
+    if args.buffer_size < args.batch_size:
+        fail(f"--buffer-size {args.buffer_size} is smaller than --batch-size {args.batch_size}; raise --buffer-size")
+    slots = -(-args.buffer_size // args.num_envs)
+    if slots < 8:
+        fail(
+            f"--buffer-size {args.buffer_size} gives {slots} replay slots per environment with "
+            f"--num-envs {args.num_envs}; each needs at least 8 (a frame stack and a transition): "
+            f"raise --buffer-size to at least {8 * args.num_envs}"
+        )
+    if args.learning_starts < args.batch_size:
+        fail(
+            f"--learning-starts {args.learning_starts} is smaller than --batch-size {args.batch_size}; "
+            "learning needs at least one batch of stored transitions: raise --learning-starts"
+        )
+    if not 0.0 < args.tau <= 1.0:
+        fail(f"--tau {args.tau} must be in (0, 1] (1 copies the online network into the target)")
     if getattr(args, "checkpoint_buffer", False):  # a warning: the disk may be freed before the first checkpoint
         need = args.buffer_size * 84 * 84 * min(args.checkpoint_keep + 1, 2)  # the frames, one per transition
         folder = next(p for p in [Path(args.run_dir).absolute(), *Path(args.run_dir).absolute().parents] if p.exists())
@@ -82,8 +85,6 @@ def validate_common_args(args: Any) -> None:
                 file=sys.stderr,
                 flush=True,
             )
-    if getattr(args, "track", False) and importlib.util.find_spec("wandb") is None:
-        fail("--track needs Weights & Biases: pip install 'value-atari[track]' (or pip install wandb)")
     # the agent steps after --learning-starts (the loop's last vector step may pass --total-timesteps)
     vector_steps = -(-args.total_timesteps // args.num_envs) - args.learning_starts // args.num_envs
     if args.num_envs * max(vector_steps, 0) < args.train_frequency:

@@ -1,4 +1,6 @@
-"""The fixed Nature DQN encoder shared by every algorithm, and its capacity check."""
+"""The fixed Nature DQN encoder shared by every algorithm, and its capacity check. Its one declared variant,
+``NatureCNN(layer_norm=True)``, is PQN's (Gallici et al. 2024; CleanRL's pqn_atari_envpool.py): LayerNorm over each
+feature map before each ReLU, 43,264 parameters more."""
 
 from __future__ import annotations
 
@@ -6,24 +8,27 @@ import torch
 from torch import nn
 
 NATURE_CNN_PARAMETERS = 1_684_128
+NATURE_CNN_LAYER_NORM_PARAMETERS = 1_727_392  # + LayerNorm scales and shifts over (32, 20, 20), (64, 9, 9), ...
 NATURE_CNN_FEATURES = 512
 
 
 class NatureCNN(nn.Module):
-    """Mnih et al. (2015): three convolutions and a 512-unit layer over 4x84x84 uint8 frames."""
+    """Mnih et al. (2015): three convolutions and a 512-unit layer over 4x84x84 uint8 frames; ``layer_norm``:
+    each layer's output normalised (LayerNorm over the whole feature map) before its ReLU, as PQN does."""
 
-    def __init__(self, in_channels: int = 4) -> None:
+    def __init__(self, in_channels: int = 4, layer_norm: bool = False) -> None:
         super().__init__()
+        self.layer_norm = layer_norm
+
+        def block(layer: nn.Module, *shape: int) -> list[nn.Module]:
+            return [layer, nn.LayerNorm(list(shape)), nn.ReLU()] if layer_norm else [layer, nn.ReLU()]
+
         self.net = nn.Sequential(
-            nn.Conv2d(in_channels, 32, 8, stride=4),
-            nn.ReLU(),
-            nn.Conv2d(32, 64, 4, stride=2),
-            nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1),
-            nn.ReLU(),
+            *block(nn.Conv2d(in_channels, 32, 8, stride=4), 32, 20, 20),
+            *block(nn.Conv2d(32, 64, 4, stride=2), 64, 9, 9),
+            *block(nn.Conv2d(64, 64, 3, stride=1), 64, 7, 7),
             nn.Flatten(),
-            nn.Linear(3136, NATURE_CNN_FEATURES),
-            nn.ReLU(),
+            *block(nn.Linear(3136, NATURE_CNN_FEATURES), NATURE_CNN_FEATURES),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -35,30 +40,31 @@ def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def check_encoder(encoder: nn.Module) -> None:
-    """Refuse an encoder that is not the Nature CNN, so algorithms compare on equal capacity."""
+def check_encoder(encoder: nn.Module, layer_norm: bool = False) -> None:
+    """Refuse an encoder that is not the Nature CNN (with LayerNorm only where the script declares it), so
+    algorithms compare on equal capacity."""
     if not isinstance(encoder, NatureCNN):
         raise ValueError(
             f"the encoder is a {type(encoder).__name__}, not cleanrl_utils.NatureCNN; "
             "every algorithm must use the shared Nature encoder so comparisons are fair"
         )
-    count = count_parameters(encoder)
-    if count != NATURE_CNN_PARAMETERS:
+    if encoder.layer_norm != layer_norm:
         raise ValueError(
-            f"the encoder has {count:,} parameters, expected {NATURE_CNN_PARAMETERS:,} "
+            f"the encoder has layer_norm={encoder.layer_norm}, the script declares layer_norm={layer_norm}: "
+            "LayerNorm is PQN's declared variant only"
+        )
+    expected_count = NATURE_CNN_LAYER_NORM_PARAMETERS if layer_norm else NATURE_CNN_PARAMETERS
+    count = count_parameters(encoder)
+    if count != expected_count:
+        raise ValueError(
+            f"the encoder has {count:,} parameters, expected {expected_count:,} "
             "(Nature CNN: conv 4->32 8x8/4, 32->64 4x4/2, 64->64 3x3/1, linear 3136->512); "
             "do not change its shape, put algorithm-specific layers in the head"
         )
     shapes = [tuple(p.shape) for p in encoder.parameters()]
-    expected = [
-        (32, 4, 8, 8),
-        (32,),
-        (64, 32, 4, 4),
-        (64,),
-        (64, 64, 3, 3),
-        (64,),
-        (512, 3136),
-        (512,),
-    ]
+    expected = [(32, 4, 8, 8), (32,), (64, 32, 4, 4), (64,), (64, 64, 3, 3), (64,), (512, 3136), (512,)]
+    if layer_norm:  # each layer's weight and bias, then its LayerNorm's scale and shift
+        norms = [(32, 20, 20), (64, 9, 9), (64, 7, 7), (512,)]
+        expected = [shape for i, n in enumerate(norms) for shape in (*expected[2 * i : 2 * i + 2], n, n)]
     if shapes != expected:
         raise ValueError(f"the encoder's layer shapes {shapes} differ from the Nature CNN's {expected}")

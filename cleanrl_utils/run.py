@@ -167,7 +167,7 @@ class Run:
             },
         }
 
-    def resumed(self, checkpoint: Any, replay_restored: bool, games_restored: bool) -> None:
+    def resumed(self, checkpoint: Any, replay_restored: bool | None, games_restored: bool) -> None:
         """Take the record back from ``checkpoint`` (``evaluations.json`` loses any evaluation written after it)
         and note this resume in the receipt."""
         saved = checkpoint.state["run"]
@@ -185,13 +185,14 @@ class Run:
                 "environments_restored": games_restored,
             }
         ]
-        learning = (
-            "restored"
-            if replay_restored
-            else f"empty: learning waits until step {checkpoint.step + self.args.learning_starts}"
-        )
+        if replay_restored is None:  # a script without replay memory (PQN)
+            memory = ""
+        elif replay_restored:
+            memory = "replay memory restored, "
+        else:
+            memory = f"replay memory empty: learning waits until step {checkpoint.step + self.args.learning_starts}, "
         self.print(
-            f"resumed from {checkpoint.path} at step {checkpoint.step} (replay memory {learning}, "
+            f"resumed from {checkpoint.path} at step {checkpoint.step} ({memory}"
             f"{'games continued' if games_restored else 'new games started'})"
         )
         self.write_receipt()

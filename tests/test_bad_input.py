@@ -108,9 +108,27 @@ OWN = {  # each script's own flags
     "custom_value_atari": [
         case("--adam-eps", "0", words=["--adam-eps 0.0", "> 0", "default: 1e-08"]),
     ],
+    "pqn": [
+        case("--num-steps", "0", words=["--num-steps 0", "positive"]),
+        case("--num-minibatches", "3", words=["--num-minibatches 3", "1024", "divisor"]),
+        case("--num-minibatches", "0", words=["--num-minibatches 0", "positive"]),
+        case("--update-epochs", "-1", words=["--update-epochs -1"]),
+        case("--q-lambda", "1.5", words=["--q-lambda 1.5", "[0, 1]"]),
+        case("--q-lambda", "-0.1", words=["--q-lambda -0.1"]),
+        case("--max-grad-norm", "0", words=["--max-grad-norm 0.0", "> 0"]),
+        case("--gamma", "1.5", words=["--gamma"]),
+        case("--num-envs", "0", words=["--num-envs"]),
+        case("--total-timesteps", "0", words=["--total-timesteps"]),
+        case("--env-id", "ALE/Breakout-v5", words=["--env-id", "BreakoutNoFrameskip-v4"]),
+        case("--checkpoint-buffer", words=["--checkpoint-buffer", "PQN has none"]),
+        case("--resume", "runs/no_such_run", words=["--resume", "no such run folder"]),
+    ],
 }  # fmt: skip
+# PQN has no replay memory, target network or Adam eps: tyro refuses those flags
+REMOVED_FROM_PQN = [["--buffer-size", "1000"], ["--learning-starts", "100"], ["--target-network-frequency", "5"]]
 # the plain scripts refuse Rainbow's flags (tyro names the flag)
 REMOVED = [("dqn", ["--n-step", "3"]), ("double_dqn", ["--prioritized"]), ("c51", ["--noisy"])]
+REMOVED += [("pqn", flags) for flags in REMOVED_FROM_PQN]
 
 TABLE = [(script, *c) for script in ("dqn", "double_dqn") for c in COMMON]
 TABLE += [(script, *c) for script, cases in OWN.items() for c in cases]

@@ -30,12 +30,15 @@ SAME_FUNCTIONS = {
     "quantile_fractions": ["qrdqn", "nc_qrdqn"],
     "project_distribution": ["c51", "rainbow"],
     "per_sample_cross_entropy": ["c51", "rainbow"],
-    "linear_schedule": SCRIPTS,
+    "linear_schedule": [*SCRIPTS, "pqn"],
 }
+# PQN (algos/pqn.py) has no replay memory, target network or Adam: beside linear_schedule it shares these of
+# SHARED_LINES (its signal message and checkpoint lines say "rollout" and hold no replay memory)
+PQN_SHARED = ("--resume", "non-finite stop", "training done")
 
 
 def sources() -> dict[str, str]:
-    return {name: (REPO / "algos" / f"{name}.py").read_text() for name in SCRIPTS}
+    return {name: (REPO / "algos" / f"{name}.py").read_text() for name in [*SCRIPTS, "pqn"]}
 
 
 def text(source: str, node: ast.AST) -> str:
@@ -83,7 +86,12 @@ def update_lines(source: str) -> tuple[str, str]:
         for node in ast.walk(main_block(source))
         if isinstance(node, ast.With) and ast.unparse(node.items[0].context_expr) == "run.timed('learning')"
     )
-    steps = learning.body
+    steps = next(  # the statements around the compute_loss call (PQN's sit in its epoch and minibatch loops)
+        node.body
+        for node in ast.walk(learning)
+        if isinstance(getattr(node, "body", None), list)
+        and any(isinstance(s, ast.Assign) and "compute_loss(" in ast.unparse(s) for s in node.body)
+    )
     first = next(i for i, s in enumerate(steps) if isinstance(s, ast.Assign) and "compute_loss(" in ast.unparse(s))
     last = next(i for i, s in enumerate(steps) if ast.unparse(s) == "optimizer.step()")
     return segment(source, steps[first : first + 1]), segment(source, steps[first + 1 : last + 1])
@@ -102,8 +110,9 @@ def statements(source: str, first: str, count: int) -> str:
         body = getattr(node, "body", None)
         if isinstance(body, list):
             for i, statement in enumerate(body):
-                if ast.unparse(statement).startswith(first):
-                    return segment(source, body[i : i + count])
+                if ast.unparse(statement).startswith(first):  # as if at the left margin: PQN's loops nest
+                    lines = [textwrap.dedent(" " * s.col_offset + text(source, s)) for s in body[i : i + count]]
+                    return "\n".join(lines)
     raise AssertionError(f"no statement starting with {first!r}")
 
 
@@ -129,12 +138,14 @@ def all_drift(scripts: dict[str, str]) -> list[str]:
     functions = {name: top_level(source) for name, source in scripts.items()}
     for function, names in SAME_FUNCTIONS.items():
         found += [f"{function}: {d}" for d in drift({name: functions[name][function] for name in names})]
-    found += [f"fast lines: {d}" for d in drift({name: fast_lines(s) for name, s in scripts.items()})]
-    found += [f"--adam-eps check: {d}" for d in drift({name: adam_eps_check(s) for name, s in scripts.items()})]
-    found += [f"update: {d}" for d in drift({name: update_lines(s)[1] for name, s in scripts.items()})]
-    found += [f"start or restore: {d}" for d in drift({name: restore_lines(s) for name, s in scripts.items()})]
+    replay = {name: source for name, source in scripts.items() if name != "pqn"}
+    found += [f"fast lines: {d}" for d in drift({name: fast_lines(s) for name, s in replay.items()})]
+    found += [f"--adam-eps check: {d}" for d in drift({name: adam_eps_check(s) for name, s in replay.items()})]
+    found += [f"update: {d}" for d in drift({name: update_lines(s)[1] for name, s in replay.items()})]
+    found += [f"start or restore: {d}" for d in drift({name: restore_lines(s) for name, s in replay.items()})]
     for what, (first, count) in SHARED_LINES.items():
-        found += [f"{what}: {d}" for d in drift({name: statements(s, first, count) for name, s in scripts.items()})]
+        sharing = scripts if what in PQN_SHARED else replay
+        found += [f"{what}: {d}" for d in drift({name: statements(s, first, count) for name, s in sharing.items()})]
     dqn, double = functions["dqn"], functions["double_dqn"]
     found += [
         f"double_dqn.{name} differs from dqn's"
@@ -164,10 +175,13 @@ def test_the_update_is_the_visible_cleanrl_update_without_a_host_read():
     value is the --on-nonfinite skip test, and only when that flag asks (metrics are read every 1000 steps)"""
     for name, source in sources().items():
         call, rest = update_lines(source)
-        assert re.fullmatch(r"loss, metrics(, \w+)? = compute_loss\(q_network, target_network, data, args\)", call), (
-            name
-        )
-        assert rest.splitlines()[-3:] == ["optimizer.zero_grad()", "loss.backward()", "optimizer.step()"], name
+        if name == "pqn":  # a minibatch of the rollout, no target network; CleanRL's gradient clipping
+            assert call == "loss, metrics = compute_loss(q_network, b_obs[batch], b_actions[batch], b_returns[batch])"
+            clip = "nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)"
+            assert rest.splitlines()[-4:] == ["optimizer.zero_grad()", "loss.backward()", clip, "optimizer.step()"]
+        else:
+            assert re.fullmatch(r"loss, metrics(, \w+)? = compute_loss\(q_network, target_network, data, args\)", call)
+            assert rest.splitlines()[-3:] == ["optimizer.zero_grad()", "loss.backward()", "optimizer.step()"], name
         assert 'if args.on_nonfinite == "skip" and not torch.isfinite(loss):' in rest, name
         without_guard = rest.replace('args.on_nonfinite == "skip" and not torch.isfinite(loss)', "")
         for read in (".item()", ".cpu()", "float(", "bool(", "isfinite", ".numpy()", ".tolist()"):
@@ -176,6 +190,9 @@ def test_the_update_is_the_visible_cleanrl_update_without_a_host_read():
 
 def test_the_adam_line_carries_the_flag_and_every_script_has_it():
     for name, source in sources().items():
+        if name == "pqn":  # CleanRL's PQN: RAdam at its default eps
+            assert "optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate)" in source
+            continue
         assert "adam_eps: float = " in source, name
         assert "eps=args.adam_eps, fused=fused or None)" in fast_lines(source), name
 
@@ -200,6 +217,10 @@ def test_the_adam_line_carries_the_flag_and_every_script_has_it():
         ("nc_qrdqn", "if stop.requested:\n", "if stop.requested and periodic:\n"),  # the checkpoint lines
         ("c51", "> previous_step // every and", ">= previous_step // every and"),  # the checkpoint lines
         ("qrdqn", "then the run ends as finished", "then the run ends"),  # training done
+        ("pqn", "    slope = (end_e - start_e) / duration", "    slope = (end_e - start_e)/duration"),
+        ("pqn", 'if args.on_nonfinite == "stop" else {}', 'if args.on_nonfinite != "skip" else {}'),  # non-finite
+        ("pqn", "resume_args(args, checkpoint) if", "resume_args(args, checkpoint)  if"),  # --resume
+        ("pqn", "no checkpoint is ", "no checkpoint  is "),  # training done
     ],
 )
 def test_a_one_character_change_in_one_copy_is_caught(script, original, changed):

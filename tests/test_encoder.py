@@ -45,3 +45,39 @@ class Impostor(nn.Module):
 def test_encoder_check_rejects_any_other_shape_or_size(make, message):
     with pytest.raises(ValueError, match=message):
         check_encoder(make())
+
+
+def test_the_layer_norm_variant_normalises_each_feature_map_and_has_its_own_checked_size():
+    """PQN's declared variant: a LayerNorm (scale and shift per element) over each layer's whole output before its
+    ReLU; the plain encoder keeps its layout, so its saved weights keep their names"""
+    from cleanrl_utils.encoder import NATURE_CNN_LAYER_NORM_PARAMETERS
+
+    encoder = NatureCNN(layer_norm=True)
+    extra = 2 * (32 * 20 * 20 + 64 * 9 * 9 + 64 * 7 * 7 + 512)
+    assert count_parameters(encoder) == NATURE_CNN_LAYER_NORM_PARAMETERS == NATURE_CNN_PARAMETERS + extra
+    check_encoder(encoder, layer_norm=True)
+    with pytest.raises(ValueError, match="layer_norm=True"):
+        check_encoder(encoder)  # a script that does not declare the variant refuses it
+    with pytest.raises(ValueError, match="layer_norm=False"):
+        check_encoder(NatureCNN(), layer_norm=True)
+    seen = []
+    for layer in encoder.net:
+        if isinstance(layer, nn.ReLU):
+            layer.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0].detach()))
+    out = encoder(torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8))
+    assert out.shape == (3, 512) and [tuple(x.shape[1:]) for x in seen] == [
+        (32, 20, 20),
+        (64, 9, 9),
+        (64, 7, 7),
+        (512,),
+    ]
+    for before_relu in seen:  # LayerNorm's initial scale 1 and shift 0: each sample's map has mean 0, variance 1
+        flat = before_relu.flatten(1).double()
+        torch.testing.assert_close(flat.mean(1), torch.zeros(3, dtype=torch.float64), atol=1e-5, rtol=0)
+        torch.testing.assert_close(flat.var(1, unbiased=False), torch.ones(3, dtype=torch.float64), atol=1e-3, rtol=0)
+    assert [name for name, _ in NatureCNN().named_parameters()][::2] == [
+        "net.0.weight",
+        "net.2.weight",
+        "net.4.weight",
+        "net.7.weight",
+    ]
