@@ -8,6 +8,9 @@ stratified bootstrap 95% confidence interval (Agarwal et al. 2021, the method of
 package: resample runs with replacement within each game, 25% trimmed mean of all scores),
 separately for the tuning games and the held-out games.
 
+``--published FILE`` (e.g. benchmarks/atari100k_published.json) adds a published algorithm's per-game means as a
+row of each game's table, and an aggregate over that file's games with the published IQM beside ours.
+
 Seeds are counted by seed: of several runs of one algorithm, game and seed, the newest finished one is
 used. Unfinished runs and runs much shorter than the others of their algorithm and game are left out
 (``--all-runs`` gives each its own row); the runs left out are listed at the end, with the reason.
@@ -133,9 +136,22 @@ def final_evaluations(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any
     return evaluated, left_out
 
 
-def tables(records: list[dict[str, Any]], left_out: list[str] | None = None) -> str:
+def load_published(path: Path) -> dict[str, Any]:
+    """A published algorithm's scores: ``algorithm``, ``source``, ``runs_per_game``, ``steps``, ``games`` (game
+    name -> mean final score), optionally ``iqm`` and ``iqm_ci`` over those games."""
+    published = json.loads(Path(path).read_text())
+    missing = [key for key in ("algorithm", "source", "runs_per_game", "steps", "games") if key not in published]
+    if missing:
+        raise ValueError(f"--published {path}: missing {', '.join(missing)}")
+    return published
+
+
+def tables(
+    records: list[dict[str, Any]], left_out: list[str] | None = None, published: dict[str, Any] | None = None
+) -> str:
     """Per game, a row per algorithm (mean +- std over seeds of the final evaluations) and one per partial run
-    (``choose_runs(all_runs=True)``); then the aggregate IQM (whole runs only) and the runs left out."""
+    (``choose_runs(all_runs=True)``), and the published mean where ``published`` has the game; then the aggregate
+    IQM (whole runs only) and the runs left out."""
     by_game: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
         by_game[r["game"]][r["algo"]].append(r)
@@ -151,8 +167,10 @@ def tables(records: list[dict[str, Any]], left_out: list[str] | None = None) -> 
             for r in by_game[game][algo]:
                 if r.get("partial"):
                     lines.append(row(f"{algo} seed {r['seed']}: {r['partial']}", [r]))
+        if published and game in published["games"]:
+            lines.append(published_row(published, game, next(iter(by_game[game].values()))[0]["env_id"]))
         lines.append("")
-    lines += aggregate([r for r in records if not r.get("partial")])
+    lines += aggregate([r for r in records if not r.get("partial")], published)
     if left_out:
         lines += ["", "### Left out", "", *(f"- {line}" for line in left_out)]
     return "\n".join(lines)
@@ -168,11 +186,23 @@ def row(label: str, runs: list[dict[str, Any]]) -> str:
     )
 
 
-def aggregate(records: list[dict]) -> list[str]:
+def published_row(published: dict[str, Any], game: str, env_id: str) -> str:
+    mean = float(published["games"][game])
+    hns = human_normalized_score(env_id, mean)
+    return (
+        f"| published {published['algorithm']} | {published['runs_per_game']} | {published['steps']} | "
+        f"{mean:.2f} (mean) | {'n/a' if hns is None else f'{hns:.3f}'} |"
+    )
+
+
+def aggregate(records: list[dict], published: dict[str, Any] | None = None) -> list[str]:
     lines = ["### Aggregate: IQM of human-normalized scores (stratified bootstrap 95% CI)", ""]
     lines += ["| games | algorithm | games with runs | IQM | 95% CI |", "|---|---|---|---|---|"]
     rows = 0
-    for label, games in (("tuning", TUNING_GAMES), ("held-out", HELD_OUT_GAMES)):
+    groups = [("tuning", TUNING_GAMES), ("held-out", HELD_OUT_GAMES)]
+    if published:
+        groups.append((f"{len(published['games'])} games of --published", tuple(published["games"])))
+    for label, games in groups:
         for algo in sorted({r["algo"] for r in records}):
             per_game = []
             for game in games:
@@ -189,6 +219,13 @@ def aggregate(records: list[dict]) -> list[str]:
             low, high = stratified_bootstrap_ci(per_game)
             lines.append(f"| {label} | {algo} | {len(per_game)} | {iqm:.3f} | [{low:.3f}, {high:.3f}] |")
             rows += 1
+    if published and "iqm" in published:
+        low, high = published.get("iqm_ci", ("?", "?"))
+        games = len(published["games"])
+        name = f"published {published['algorithm']} ({published['runs_per_game']} runs per game)"
+        lines.append(f"| {games} games of --published | {name} | {games} | {published['iqm']:.3f} | [{low}, {high}] |")
+    if published:
+        lines += ["", f"Published: {published['source']}"]
     if rows == 0:
         lines.append("| (no runs of the tuning or held-out games) | | | | |")
     return lines
@@ -202,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also list unfinished and much shorter runs, each on its own row (never averaged with the others)",
     )
+    parser.add_argument(
+        "--published",
+        default=None,
+        help="a JSON file of a published algorithm's per-game means (e.g. benchmarks/atari100k_published.json)",
+    )
     args = parser.parse_args(argv)
     root = Path(args.run_root)
     if not root.is_dir():
@@ -212,7 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         print(f"error: no run with an evaluations.json under {root}", flush=True)
         return 2
-    print(tables(records, left_out + no_evaluation))
+    try:
+        published = load_published(Path(args.published)) if args.published else None
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", flush=True)
+        return 2
+    print(tables(records, left_out + no_evaluation, published))
     return 0
 
 

@@ -108,6 +108,13 @@ OWN = {  # each script's own flags
     "custom_value_atari": [
         case("--adam-eps", "0", words=["--adam-eps 0.0", "> 0", "default: 1e-08"]),
     ],
+    "drq": [
+        case("--n-step", "0", words=["--n-step 0", "positive"]),
+        case("--augmentation-pad", "-1", words=["--augmentation-pad -1", ">= 0"]),
+        case("--intensity-scale", "0.5", words=["--intensity-scale 0.5", "[0, 0.5)"]),
+        case("--adam-eps", "0", words=["--adam-eps 0.0", "default: 0.00015"]),
+        case("--n-step", "70", "--buffer-size", "64", "--learning-starts", "32", words=["--n-step 70", "--buffer-size 64", "75"]),
+    ],
     "pqn": [
         case("--num-steps", "0", words=["--num-steps 0", "positive"]),
         case("--num-minibatches", "3", words=["--num-minibatches 3", "1024", "divisor"]),

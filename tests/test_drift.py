@@ -24,7 +24,7 @@ import textwrap
 import pytest
 from conftest import REPO
 
-SCRIPTS = ["dqn", "double_dqn", "c51", "qrdqn", "mdqn", "nc_qrdqn", "iqn", "rainbow"]
+SCRIPTS = ["dqn", "double_dqn", "c51", "qrdqn", "mdqn", "nc_qrdqn", "iqn", "rainbow", "drq"]
 SAME_FUNCTIONS = {
     "quantile_huber_loss": ["qrdqn", "nc_qrdqn", "iqn"],
     "quantile_fractions": ["qrdqn", "nc_qrdqn"],

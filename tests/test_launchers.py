@@ -51,7 +51,7 @@ def test_shell_launcher_refuses_an_unknown_algorithm(tmp_path):
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_shell_launchers_pass_shellcheck():
     scripts = sorted(str(p) for p in (REPO / "scripts").glob("*.sh"))
-    assert len(scripts) == 9
+    assert len(scripts) == 10
     done = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
 

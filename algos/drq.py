@@ -1,0 +1,387 @@
+# DrQ(epsilon) for Atari 100k: DQN with data augmentation (Kostrikov et al. 2020) and the epsilon settings of
+# Agarwal et al. (2021), as Dopamine's labs/atari_100k/configs/DrQ_eps.gin runs it: a dueling head, Double DQN's
+# target, 10-step returns, one update per agent step, the target network synced at every step, Huber loss, and
+# random shifts (4-pixel edge padding) plus intensity noise on s and s' of every sampled batch, each sample its own
+# draw. The network is the fixed Nature encoder and a dueling head; settings and sources in docs/algorithms.md.
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+import tyro
+
+from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
+from cleanrl_utils.checkpoint import (
+    CheckpointError,
+    StopFlag,
+    find_checkpoint,
+    load_parts,
+    parts_state,
+    resume_args,
+    save_checkpoint,
+)
+from cleanrl_utils.checks import CpuThreads, check_memory, fail, pick_buffer_device, pick_device, validate_common_args
+from cleanrl_utils.encoder import NatureCNN, check_encoder
+from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
+from cleanrl_utils.evaluation import evaluate
+from cleanrl_utils.random_state import random_state, set_random_state
+from cleanrl_utils.run import Run, nonfinite
+from cleanrl_utils.run_flags import RunFlags
+
+
+@dataclass
+class Args(RunFlags):  # + the shared flags for running: threads, run folder, checkpoints, resume
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    device: str = "auto"
+    """auto (CUDA, then MPS, then CPU), cuda, mps or cpu"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "value-atari"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to record the evaluation games as MP4 in the run folder"""
+    save_model: bool = False
+    """whether to save the model into the run folder"""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """on a non-finite loss: stop the run (its checkpoints kept), or skip that update"""
+    fast: bool = True
+    """the fast update, same loss and gradients to float tolerance (benchmarks/RESULTS.md): Adam's fused kernel on
+    CPU and CUDA, channels-last convolutions on CPU; --no-fast: the plain update"""
+
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """the id of the environment"""
+    total_timesteps: int = 100_000
+    """total agent steps of the experiment, summed over environments (Atari 100k: 100,000, 400k frames)"""
+    learning_rate: float = 1e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel game environments"""
+    buffer_size: int = 100_000
+    """the replay memory buffer size (the reference's 1M stands for unbounded: 100k keeps every transition)"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 1.0
+    """the target network update rate"""
+    target_network_frequency: int = 1
+    """the agent steps it takes to update the target network (1: after every update, as the reference)"""
+    batch_size: int = 32
+    """the batch size of sample from the replay memory"""
+    start_e: float = 1.0
+    """the starting epsilon for exploration"""
+    end_e: float = 0.01
+    """the ending epsilon for exploration"""
+    exploration_fraction: float = 0.05
+    """the fraction of `total-timesteps` it takes from start-e to go end-e, counted from `learning-starts`
+    (epsilon is start-e until then; 0.05: the reference's 5,000 agent steps)"""
+    learning_starts: int = 1_600
+    """agent steps to start learning"""
+    train_frequency: int = 1
+    """agent steps per gradient update, whatever the number of environments"""
+    eval_every: int = 0
+    """agent steps between evaluations (0: only the final one, the score Atari 100k reports)"""
+    eval_episodes: int = 100
+    """whole games per evaluation"""
+    eval_epsilon: float = 0.001
+    """epsilon of the evaluation policy (0: greedy)"""
+    adam_eps: float = 1.5e-4
+    """the epsilon of the Adam optimizer (the reference's 1.5e-4)"""
+    n_step: int = 10
+    """the number of steps of the multi-step return (stops at episode ends); --n-step 1: the one-step target"""
+    augmentation: bool = True
+    """whether s and s' of each sampled batch are randomly shifted and scaled in intensity (DrQ); --no-augmentation:
+    the same agent without it"""
+    augmentation_pad: int = 4
+    """the random shift's edge padding in pixels: each image moves by -pad to pad - 1 pixels on each axis"""
+    intensity_scale: float = 0.05
+    """each image is multiplied by 1 + scale * clip(N(0, 1), -2, 2) (0: shifts only)"""
+
+
+class QNetwork(nn.Module):
+    def __init__(self, n_actions: int):
+        super().__init__()
+        self.encoder = NatureCNN()
+        self.value = nn.Linear(512, 1)  # dueling (Wang et al. 2016): a value stream
+        self.advantage = nn.Linear(512, n_actions)  # and an advantage stream
+
+    def forward(self, x):
+        features = self.encoder(x)
+        advantage = self.advantage(features)
+        return self.value(features) + advantage - advantage.mean(dim=1, keepdim=True)
+
+
+def augment(obs, pad: int, intensity_scale: float, generator=None):
+    """DrQ's augmentation as Dopamine's drq_image_augmentation: each stack (all its frames alike) padded by `pad`
+    pixels repeating its edges, cropped back to its size at a random offset in [0, 2 pad) on each axis (a shift
+    by -pad to pad - 1 pixels), then multiplied by 1 + intensity_scale * clip(N(0, 1), -2, 2); each sample its
+    own draw. uint8 or float (batch, stack, H, W) -> float32 on the 0-255 scale (the encoder divides by 255)"""
+    n, _, h, w = obs.shape
+    # drawn on the CPU (torch's generator there, or `generator`): no read back from an accelerator
+    shifts = torch.randint(0, 2 * pad, (n, 2), generator=generator).tolist() if pad > 0 else [(0, 0)] * n
+    noise = torch.randn(n, 1, 1, 1, generator=generator).clamp(-2.0, 2.0).to(obs.device)
+    padded = F.pad(obs.float(), (pad, pad, pad, pad), mode="replicate")
+    cropped = torch.stack([padded[i, :, y : y + h, x : x + w] for i, (y, x) in enumerate(shifts)])
+    return cropped * (1.0 + intensity_scale * noise)
+
+
+def augment_batch(data, pad: int, intensity_scale: float, generator=None):
+    """s and s' augmented with independent draws (the reference's two keys); the rest of the batch as it is"""
+    observations = augment(data.observations, pad, intensity_scale, generator)
+    next_observations = augment(data.next_observations, pad, intensity_scale, generator)
+    return data._replace(observations=observations, next_observations=next_observations)
+
+
+def compute_td_target(q_network, target_network, data):
+    """Double DQN's n-step target: R + gamma^k * Q_target(s', argmax_a' Q_online(s', a')), R the n-step discounted
+    reward sum, s' the state k <= n steps later, gamma^k the batch's `discounts` (0 after a terminal)"""
+    with torch.no_grad():
+        next_actions = q_network(data.next_observations).argmax(dim=1, keepdim=True)
+        next_q = target_network(data.next_observations).gather(1, next_actions).squeeze(1)
+        td_target = data.rewards + data.discounts * next_q
+    return td_target
+
+
+def compute_loss(q_network, target_network, data, args):
+    """the loss on a sampled batch and the metrics the loop logs: Huber (delta 1), as the reference"""
+    td_target = compute_td_target(q_network, target_network, data)
+    old_val = q_network(data.observations).gather(1, data.actions.unsqueeze(1)).squeeze(1)
+    loss = F.smooth_l1_loss(old_val, td_target)
+    return loss, {"td_loss": loss, "q_values": old_val.mean()}
+
+
+def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
+    slope = (end_e - start_e) / duration
+    return max(slope * t + start_e, end_e)
+
+
+if __name__ == "__main__":
+    setup_start = time.perf_counter()
+    args = tyro.cli(Args)
+    try:  # --resume: the run's newest checkpoint and its own settings; a bad checkpoint stops here
+        checkpoint = find_checkpoint(args.resume, __file__) if args.resume else None
+        args = resume_args(args, checkpoint) if checkpoint else args
+    except CheckpointError as error:
+        fail(str(error))
+    validate_common_args(args)
+    cpu_threads = CpuThreads(args.torch_threads)  # fewer torch threads while other processes hold cores
+    torch.set_num_threads(cpu_threads.choose())
+    if not (np.isfinite(args.adam_eps) and args.adam_eps > 0):
+        fail(f"--adam-eps {args.adam_eps} must be > 0 and finite (this script's default: {Args.adam_eps})")
+    if args.n_step < 1:
+        fail(f"--n-step {args.n_step} must be a positive integer (1: one-step returns; DrQ(eps) uses 10)")
+    if args.augmentation_pad < 0:
+        fail(f"--augmentation-pad {args.augmentation_pad} must be >= 0 (0: no shift; DrQ uses 4)")
+    if not (np.isfinite(args.intensity_scale) and 0 <= args.intensity_scale < 0.5):
+        fail(
+            f"--intensity-scale {args.intensity_scale} must be in [0, 0.5), so that 1 + scale * clip(N(0, 1), -2, 2) "
+            "stays positive (0: no intensity noise; DrQ uses 0.05)"
+        )
+    slots = -(-args.buffer_size // args.num_envs)
+    if slots < 4 + args.n_step + 1:
+        fail(
+            f"--buffer-size {args.buffer_size} gives {slots} replay slots per environment with --num-envs "
+            f"{args.num_envs}; --n-step {args.n_step} needs at least {4 + args.n_step + 1}: raise --buffer-size "
+            f"to at least {(4 + args.n_step + 1) * args.num_envs} or lower --n-step"
+        )
+    try:
+        check_env_id(args.env_id)
+    except EnvIdError as error:
+        fail(str(error))
+    device = pick_device(args.device)
+    buffer_device = pick_buffer_device(args.buffer_device, device)  # --buffer-device cuda: frames on the GPU
+    check_memory(args.buffer_size, bytes_per_transition(), buffer_device)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    try:
+        envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed)
+    except EnvIdError as error:
+        fail(str(error))
+    q_network = QNetwork(envs.n_actions).to(device)
+    check_encoder(q_network.encoder)
+    target_network = QNetwork(envs.n_actions).to(device)
+    target_network.load_state_dict(q_network.state_dict())
+    if args.fast and device.type == "cpu":  # --fast: channels-last convolutions, which oneDNN runs faster on CPU
+        q_network.to(memory_format=torch.channels_last)
+        target_network.to(memory_format=torch.channels_last)
+    fused = args.fast and device.type in ("cpu", "cuda")  # --fast: Adam's fused kernel (None: torch's default)
+    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=fused or None)
+    buffer_kwargs = dict(
+        device=device, n_step=args.n_step, gamma=args.gamma, seed=args.seed, storage_device=buffer_device
+    )
+    rb = ReplayBuffer(args.buffer_size, args.num_envs, **buffer_kwargs)
+    rng = np.random.default_rng(args.seed)
+    run = Run(args, __file__, device, checkpoint)  # the run folder appears once everything is allocated
+    parts = {"q_network": q_network, "target_network": target_network, "optimizer": optimizer, "rng": rng}
+    stop = StopFlag("finishing the current step, then writing a checkpoint (signal again to exit at once)")
+    signal.signal(signal.SIGINT, stop.set)  # the loop reads stop.requested at the end of each step
+    signal.signal(signal.SIGTERM, stop.set)
+    run.timings["setup"] += time.perf_counter() - setup_start
+
+    learning_starts = args.learning_starts  # agent steps of random play before the first update
+    if checkpoint is None:
+        obs, global_step, update_credit = envs.reset(), 0, 0
+    else:  # where the checkpoint left off: everything the loop owns, put back
+        state = checkpoint.state
+        load_parts(parts, state)  # networks, optimizer, the acting generator
+        set_random_state(state["random"])  # Python's, NumPy's and torch's generators
+        global_step, update_credit = state["global_step"], state["update_credit"]
+        replay = checkpoint.replay()  # None unless the run had --checkpoint-buffer
+        if replay is not None:
+            rb.load_state_dict(replay)
+        if state["games"] is not None:  # games that can be saved (the tests' toy games) continue
+            envs.load_state_dict(state["games"])
+            obs = state["obs"]
+        else:  # Atari games cannot be saved: new ones, seeded apart from the first run's
+            envs.seed = args.seed + 1_000_003 * (len(state["run"]["resumes"]) + 1)
+            obs = envs.reset()
+            rb.cut_episodes()  # the stored games end there: their last transitions bootstrap
+        run.resumed(checkpoint, replay_restored=replay is not None, games_restored=state["games"] is not None)
+        if replay is None:  # an empty replay memory refills before learning again
+            learning_starts += global_step
+    metrics = None  # the latest update's metrics (tensors), read when logged
+    while global_step < args.total_timesteps:
+        previous_step = global_step
+        epsilon = linear_schedule(  # start-e until learning starts, as the reference
+            args.start_e,
+            args.end_e,
+            args.exploration_fraction * args.total_timesteps,
+            max(global_step - args.learning_starts, 0),
+        )
+        with run.timed("acting"):
+            actions = rng.integers(0, envs.n_actions, args.num_envs)
+            greedy = rng.random(args.num_envs) >= epsilon
+            if greedy.any():
+                with torch.no_grad():
+                    q_values = q_network(torch.as_tensor(obs[greedy], device=device))
+                actions[greedy] = q_values.argmax(dim=1).cpu().numpy()
+        with run.timed("environment"):
+            envs.send(actions)  # the games step in their own threads while the learner updates, below
+        global_step += args.num_envs
+        run.counts["env_steps"] = global_step
+
+        if global_step > learning_starts:
+            update_credit += args.num_envs
+            while update_credit >= args.train_frequency:  # one update per train_frequency agent steps
+                update_credit -= args.train_frequency
+                with run.timed("learning"):
+                    data = rb.sample(args.batch_size)
+                    if args.augmentation:  # DrQ: torch's CPU generator draws the shifts and scales (checkpointed)
+                        data = augment_batch(data, args.augmentation_pad, args.intensity_scale)
+                    loss, metrics = compute_loss(q_network, target_network, data, args)
+                    if args.on_nonfinite == "skip" and not torch.isfinite(loss):  # reads the loss: a host sync
+                        run.counts["skipped_updates"] += 1
+                        continue
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                run.counts["gradient_updates"] += 1
+
+            if global_step // 1000 > previous_step // 1000 and metrics is not None:
+                values = run.train_metrics(global_step, metrics)  # the only host synchronisation of the loop
+                bad = nonfinite(values if args.on_nonfinite == "stop" else {}, q_network)
+                if bad:  # a non-finite loss or weights stop the run; the checkpoints written so far stay
+                    run.close(status=f"failed: non-finite {bad} at step {global_step}")
+                    sys.exit(f"error: non-finite {bad} at step {global_step}; stopping: {run.what_is_kept()}")
+
+            # update target network
+            if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
+                for target_param, q_param in zip(target_network.parameters(), q_network.parameters(), strict=True):
+                    target_param.data.copy_(args.tau * q_param.data + (1.0 - args.tau) * target_param.data)
+
+        with run.timed("environment"):
+            step = envs.recv()
+        for _, episodic_return, length in step.episode_returns:
+            run.episode(global_step, episodic_return, length)
+        # the step after a game ends returns the reset observation: not a transition (mask)
+        rb.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
+        run.counts["transitions_stored"] += int(step.mask.sum())
+        obs = step.next_obs
+
+        if global_step // 100 > previous_step // 100:
+            sps = run.recent_sps(global_step)  # steps/s over the last minute, this process's steps only
+            torch.set_num_threads(cpu_threads.choose())  # re-read every 5 s
+            run.scalar("charts/SPS", int(sps), global_step)
+            run.scalar("charts/epsilon", epsilon, global_step)
+            run.show_progress(global_step, args.total_timesteps, sps)
+
+        if (
+            args.eval_every
+            and global_step // args.eval_every > previous_step // args.eval_every
+            and global_step < args.total_timesteps
+        ):
+            with run.timed("evaluation"):
+                result = evaluate(
+                    q_network,
+                    args.env_id,
+                    envs.n_actions,
+                    device,
+                    args.eval_episodes,
+                    args.eval_epsilon,
+                    seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
+                    video_path=run.video_path(global_step),
+                )
+            run.evaluation(global_step, result)
+            run.write_receipt()
+
+        every = args.checkpoint_every
+        periodic = every and global_step // every > previous_step // every and global_step < args.total_timesteps
+        if periodic or stop.requested:  # every --checkpoint-every steps, and after SIGINT/SIGTERM
+            with run.timed("checkpoint"):
+                state = {
+                    **parts_state(parts),
+                    "random": random_state(),
+                    "global_step": global_step,
+                    "update_credit": update_credit,
+                    "obs": obs,
+                    "games": envs.state_dict() if envs.games_can_be_saved else None,
+                    **run.state_dict(),  # the algorithm, its arguments, the record so far
+                }
+                replay = rb.state_dict() if args.checkpoint_buffer else None
+                path = save_checkpoint(run.dir / "checkpoints", global_step, state, replay, args.checkpoint_keep)
+            run.checkpoint_written(path, global_step)
+            if stop.requested:
+                run.close(status="interrupted")
+                where = f"{os.path.relpath(__file__)} --resume {run.dir}"
+                run.print(f"stopped at step {global_step} by {stop.requested}; resume with: python {where}")
+                sys.exit(0)
+
+    stop.message = (
+        f"training is done (step {global_step}); the final evaluation goes on to its end"
+        f"{' and the model is saved' if args.save_model else ''}, then the run ends as finished; no checkpoint is "
+        "written (signal again to exit at once, without the final evaluation)"
+    )
+    run.print(f"training done at step {global_step}; final evaluation of {args.eval_episodes} games")
+    with run.timed("evaluation"):
+        result = evaluate(
+            q_network,
+            args.env_id,
+            envs.n_actions,
+            device,
+            args.eval_episodes,
+            args.eval_epsilon,
+            seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
+            video_path=run.video_path(global_step),
+        )
+    run.evaluation(global_step, result, final=True)
+    if args.save_model:
+        run.save_model(q_network, envs.n_actions)
+    envs.close()
+    run.close()

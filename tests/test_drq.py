@@ -1,0 +1,389 @@
+"""DrQ(epsilon) (algos/drq.py): its augmentation, its n-step Double DQN target and Huber loss through that
+augmentation, against independent float64 loops; its defaults against Dopamine's DrQ_eps.gin; its shared lines
+against the family's; bad flags; and, end to end, learning the toy task and resuming bit for bit.
+
+The augmentation is checked by searching, for every sample, the shift and the scale that turn the edge-padded input
+into the output (small random images: exactly one shift fits). A planted bug in a copy of the script must fail the
+checks: one shift for the whole batch, a range one pixel too wide, the clip of the noise left out, s and s' drawn
+alike, the target network choosing a', the terminal mask left out."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, assert_stopped_early, read_json, run_cases, run_python, scalars, weights
+from test_script_losses import float64_parameters, nature_features
+
+from cleanrl_utils.buffer import ReplayBatch, ReplayBuffer
+from cleanrl_utils.evaluation import load_algorithm
+
+SCRIPT = REPO / "algos" / "drq.py"
+N_ACTIONS = 3
+
+
+@pytest.fixture(scope="module")
+def drq():
+    return load_algorithm(SCRIPT)
+
+
+def planted(tmp_path: Path, original: str, changed: str):
+    source = SCRIPT.read_text()
+    assert source.count(original) == 1, f"the plant's text is not in the script once: {original}"
+    mutant = tmp_path / "planted_drq.py"
+    mutant.write_text(source.replace(original, changed))
+    return load_algorithm(mutant)
+
+
+# ---------------------------------------------------------------- the augmentation
+
+
+def fitted_shifts(obs: np.ndarray, out: np.ndarray, pad: int) -> list[tuple[int, int, float]]:
+    """for each sample: the one (row offset, column offset) in [0, 2 pad] x [0, 2 pad] of the edge-padded stack
+    whose crop, times one number for the whole stack, gives the output; with that number"""
+    n, c, h, w = obs.shape
+    padded = np.pad(obs.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)), mode="edge")
+    found = []
+    for i in range(n):
+        fits = []
+        for dy in range(2 * pad + 1):
+            for dx in range(2 * pad + 1):
+                crop = padded[i, :, dy : dy + h, dx : dx + w]
+                scale = out[i].sum() / crop.sum()
+                if np.allclose(out[i], crop * scale, rtol=1e-5, atol=1e-3):
+                    fits.append((dy, dx, float(scale)))
+        assert len(fits) == 1, f"sample {i}: {len(fits)} shifts fit the output, not one"
+        found += fits
+    return found
+
+
+def check_augment(module, pad: int = 4, scale: float = 0.05) -> None:
+    """400 stacks of 4 small random frames (values 1 to 255): shapes and dtype kept, every output one shifted and
+    scaled stack, every shift in [-pad, pad - 1] on each axis (offsets 0 to 2 pad - 1, Dopamine's), all 64 shifts
+    drawn, each sample its own shift and scale, the scale within 1 +- 2 scale and spread as 1 + scale N(0, 1)"""
+    generator = torch.Generator().manual_seed(3)
+    obs = torch.randint(1, 256, (400, 4, 10, 10), dtype=torch.uint8, generator=generator)
+    out = module.augment(obs, pad, scale, torch.Generator().manual_seed(5))
+    assert out.shape == obs.shape and out.dtype == torch.float32 and obs.dtype == torch.uint8
+    assert torch.equal(module.augment(obs.float(), pad, scale, torch.Generator().manual_seed(5)), out)
+    fits = fitted_shifts(obs.numpy(), out.numpy(), pad)
+    offsets = {(dy, dx) for dy, dx, _ in fits}
+    assert offsets == {(dy, dx) for dy in range(2 * pad) for dx in range(2 * pad)}, sorted(offsets)
+    scales = np.array([s for _, _, s in fits])
+    assert np.all(scales >= 1 - 2 * scale - 1e-6) and np.all(scales <= 1 + 2 * scale + 1e-6)
+    assert np.mean(np.abs(scales - 1) > 2 * scale - 1e-6) < 0.06  # about 4.6% clipped at +-2 sigma
+    assert abs(scales.mean() - 1) < 0.01 and 0.8 * scale < scales.std() < 1.1 * scale
+
+
+def test_augment_shifts_each_sample_within_the_padding_and_scales_its_intensity(drq):
+    check_augment(drq)
+
+
+def test_augment_without_padding_or_noise_is_the_identity_and_runs_on_atari_stacks(drq):
+    obs = torch.randint(0, 256, (32, 4, 84, 84), dtype=torch.uint8)
+    assert torch.equal(drq.augment(obs, 0, 0.0), obs.float())
+    out = drq.augment(obs, 4, 0.05)
+    assert out.shape == (32, 4, 84, 84) and out.dtype == torch.float32
+    assert 0.0 <= out.min() and out.max() <= 255 * 1.1 + 1e-3
+
+
+@pytest.mark.parametrize(
+    "bug,original,changed",
+    [
+        ("one shift for the batch", "generator=generator).tolist()", "generator=generator).tolist()[:1] * n"),
+        ("offsets 0 to 2 pad", "torch.randint(0, 2 * pad,", "torch.randint(0, 2 * pad + 1,"),
+        ("noise not clipped", ".clamp(-2.0, 2.0)", ""),
+        ("one scale for the batch", "torch.randn(n, 1, 1, 1,", "torch.randn(1, 1, 1, 1,"),
+        ("zero padding", 'mode="replicate"', 'mode="constant"'),
+    ],
+)
+def test_a_planted_bug_in_the_augmentation_fails_its_check(bug, original, changed, tmp_path):
+    with pytest.raises(AssertionError):
+        check_augment(planted(tmp_path, original, changed))
+
+
+def test_s_and_s_prime_get_independent_draws(drq):
+    obs = torch.randint(1, 256, (64, 4, 12, 12), dtype=torch.uint8)
+    zeros = torch.zeros(64)
+    batch = ReplayBatch(obs, torch.zeros(64, dtype=torch.long), zeros, obs.clone(), zeros, zeros)
+    out = drq.augment_batch(batch, 4, 0.05)
+    same = [torch.equal(a, b) for a, b in zip(out.observations, out.next_observations, strict=True)]
+    assert sum(same) <= 2, f"{sum(same)} of 64 samples got the same draw for s and s'"
+    assert out.actions is batch.actions and out.rewards is batch.rewards and out.discounts is batch.discounts
+
+
+# ---------------------------------------------------------------- the n-step target and the loss, through a real buffer
+
+
+def trajectory(gamma: float, n_step: int, seed: int = 0):
+    """Three episodes in one environment (7 steps ending at a terminal, 15 cut by a time limit, 20 still going) in a
+    ReplayBuffer as the script builds it; each frame unique. Returns the buffer and, per step, the stack before it,
+    the stack after it, its reward, and the naive n-step return and discount, a loop over the stored rewards."""
+    rng = np.random.default_rng(seed)
+    rb = ReplayBuffer(500, 1, device="cpu", n_step=n_step, gamma=gamma, seed=seed)
+    steps = []
+    for length, ending in ((7, "terminal"), (15, "truncation"), (20, None)):
+        stack = np.repeat(rng.integers(1, 256, (1, 84, 84), dtype=np.uint8), 4, axis=0)
+        episode = []
+        for t in range(length):
+            next_stack = np.concatenate([stack[1:], rng.integers(1, 256, (1, 84, 84), dtype=np.uint8)])
+            last = t == length - 1
+            done, end = last and ending == "terminal", last and ending is not None
+            reward = float(rng.choice([-1.0, 0.0, 1.0]))
+            action = int(rng.integers(N_ACTIONS))
+            rb.add(stack[None], next_stack[None], [action], [reward], [done], [end], [True])
+            episode.append({"obs": stack, "next": next_stack, "reward": reward, "action": action, "done": done})
+            stack = next_stack
+        for t, step in enumerate(episode):
+            k = min(n_step, len(episode) - t)
+            if ending is None and k < n_step:
+                step["ready"] = False  # its n steps are not all stored yet
+                continue
+            step["ready"] = True
+            step["return"] = sum(gamma**j * episode[t + j]["reward"] for j in range(k))
+            terminal = episode[t + k - 1]["done"]
+            step["discount"] = 0.0 if terminal else gamma**k
+            step["bootstrap"] = episode[t + k - 1]["next"]
+        steps += episode
+    return rb, steps
+
+
+def dueling_q64(p, obs, module) -> list[list[torch.Tensor]]:
+    """Q(s, a) = v(s) + A(s, a) - mean_b A(s, b) in float64, [transition][action]"""
+    features = nature_features(p, obs)
+    value = features @ p["value.weight"].T + p["value.bias"]
+    advantage = features @ p["advantage.weight"].T + p["advantage.bias"]
+    return [
+        [
+            value[i, 0] + advantage[i, a] - sum(advantage[i, b] for b in range(N_ACTIONS)) / N_ACTIONS
+            for a in range(N_ACTIONS)
+        ]
+        for i in range(len(obs))
+    ]
+
+
+def huber(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x**2 if abs(float(x.detach())) <= 1.0 else abs(x) - 0.5
+
+
+def compare_loss(module) -> tuple[float, float, float]:
+    """The script's loss and gradients on an augmented batch of its own n-step buffer, against the naive loop:
+    R + discount * Q_target(aug s', argmax_a' Q_online(aug s', a')) with R and discount summed here from the
+    stored rewards, Huber against Q_online(aug s, a). Returns the relative gaps (loss, q_values, gradient)."""
+    args = dataclasses.replace(module.Args(), gamma=0.9)  # the default --n-step 10
+    rb, steps = trajectory(args.gamma, args.n_step)
+    torch.manual_seed(0)
+    q_network, target_network = module.QNetwork(N_ACTIONS), module.QNetwork(N_ACTIONS)
+    with torch.no_grad():  # spread the fresh heads' Q-values apart, and make the target network another one
+        for net, scale in ((q_network, 20.0), (target_network, 15.0)):
+            net.advantage.weight.mul_(scale)
+            net.value.weight.mul_(scale)
+    raw = rb.sample(16)
+    found = []
+    for i in range(16):
+        [step] = [s for s in steps if np.array_equal(s["obs"], raw.observations[i].numpy())]
+        assert step["ready"] and np.array_equal(step["bootstrap"], raw.next_observations[i].numpy())
+        found.append(step)
+    assert len({s["discount"] for s in found}) > 1  # several kinds in the batch (a fixed seed)
+    data = module.augment_batch(raw, args.augmentation_pad, args.intensity_scale, torch.Generator().manual_seed(1))
+    for raw_frames, frames in ((raw.observations, data.observations), (raw.next_observations, data.next_observations)):
+        fitted_shifts(raw_frames[:2].numpy(), frames[:2].numpy(), args.augmentation_pad)  # augmented from these
+    loss, metrics = module.compute_loss(q_network, target_network, data, args)
+    loss.backward()
+    assert all(p.grad is None for p in target_network.parameters()), "a gradient reached the target network"
+    online, target = float64_parameters(q_network, True), float64_parameters(target_network, False)
+    q_s = dueling_q64(online, data.observations, q_network)
+    q_next_online = dueling_q64(online, data.next_observations, q_network)
+    q_next_target = dueling_q64(target, data.next_observations, target_network)
+    losses, chosen = [], []
+    for i, step in enumerate(found):
+        a_star = max(range(N_ACTIONS), key=lambda a: float(q_next_online[i][a].detach()))
+        y = step["return"] + step["discount"] * q_next_target[i][a_star].detach()
+        chosen.append(q_s[i][int(raw.actions[i])])
+        assert int(raw.actions[i]) == step["action"]
+        losses.append(huber(y - chosen[-1]))
+    expected = sum(losses) / len(losses)
+    expected.backward()
+    expected_q = float(sum(chosen).detach() / len(chosen))
+    loss_gap = abs(loss.item() - expected.item()) / max(1.0, abs(expected.item()))
+    q_gap = abs(metrics["q_values"].item() - expected_q) / max(1.0, abs(expected_q))
+    top = max(online[k].grad.abs().max().item() for k in online)
+    grad_gap = max((p.grad.double() - online[k].grad).abs().max().item() / top for k, p in q_network.named_parameters())
+    return loss_gap, q_gap, grad_gap
+
+
+def test_the_loss_through_augmentation_and_n_step_returns_matches_the_float64_loop(drq):
+    loss_gap, q_gap, grad_gap = compare_loss(drq)
+    assert loss_gap < 1e-5 and q_gap < 1e-5 and grad_gap < 1e-4, (loss_gap, q_gap, grad_gap)
+
+
+@pytest.mark.parametrize(
+    "bug,original,changed",
+    [
+        ("the target network chooses a'", "next_actions = q_network(", "next_actions = target_network("),
+        ("the online network evaluates", "next_q = target_network(", "next_q = q_network("),
+        ("one step, not the batch's discounts", "data.rewards + data.discounts * next_q", "data.rewards + 0.9 * next_q"),
+        ("squared error, not Huber", "F.smooth_l1_loss(old_val, td_target)", "F.mse_loss(old_val, td_target)"),
+        ("no dueling mean", " - advantage.mean(dim=1, keepdim=True)", ""),
+        ("s' augmented as s", "next_observations = augment(data.next_observations,", "next_observations = augment(data.observations,"),
+    ],
+)  # fmt: skip
+def test_a_planted_bug_in_the_target_or_the_loss_fails_the_comparison(bug, original, changed, tmp_path):
+    try:
+        loss_gap, _, grad_gap = compare_loss(planted(tmp_path, original, changed))
+    except AssertionError:
+        return  # caught before the numbers (s' is no longer the stored n-step successor)
+    assert loss_gap > 1e-3 or grad_gap > 1e-2, f"'{bug}' went unnoticed ({loss_gap:.1e}, {grad_gap:.1e})"
+
+
+# ---------------------------------------------------------------- settings, shared lines, bad flags
+
+# Dopamine's dopamine/labs/atari_100k/configs/DrQ_eps.gin (and its agent's defaults), as our flags
+REFERENCE = {
+    "total_timesteps": 100_000,  # Runner.num_iterations 10 x Runner.training_steps 10_000
+    "gamma": 0.99,
+    "n_step": 10,  # JaxDQNAgent.update_horizon
+    "learning_starts": 1_600,  # JaxDQNAgent.min_replay_history
+    "train_frequency": 1,  # JaxDQNAgent.update_period
+    "target_network_frequency": 1,  # JaxDQNAgent.target_update_period
+    "tau": 1.0,
+    "start_e": 1.0,
+    "end_e": 0.01,  # JaxDQNAgent.epsilon_train
+    "eval_epsilon": 0.001,  # JaxDQNAgent.epsilon_eval
+    "eval_episodes": 100,  # DataEfficientAtariRunner.num_eval_episodes
+    "learning_rate": 1e-4,  # create_optimizer.learning_rate
+    "adam_eps": 1.5e-4,  # create_optimizer.eps
+    "batch_size": 32,
+    "augmentation": True,  # Atari100kRainbowAgent.data_augmentation
+    "augmentation_pad": 4,  # drq_image_augmentation(img_pad=4)
+    "intensity_scale": 0.05,  # _intensity_aug(scale=0.05)
+}
+
+
+def test_the_defaults_are_dopamines_drq_eps(drq):
+    args = drq.Args()
+    assert {k: getattr(args, k) for k in REFERENCE} == REFERENCE
+    assert args.exploration_fraction * args.total_timesteps == 5_000  # JaxDQNAgent.epsilon_decay_period
+    assert args.buffer_size >= args.total_timesteps  # every transition kept (the reference's 1M)
+
+
+def test_epsilon_is_start_e_until_learning_starts_then_decays_over_the_fraction(drq):
+    def epsilon(t):  # as the loop calls it
+        return drq.linear_schedule(1.0, 0.01, 5_000, max(t - 1_600, 0))
+
+    assert epsilon(0) == epsilon(1_600) == 1.0
+    assert epsilon(1_600 + 2_500) == pytest.approx(0.505) and epsilon(6_600) == pytest.approx(0.01)
+    assert "max(global_step - args.learning_starts, 0)" in SCRIPT.read_text()
+
+
+def test_drq_shares_the_familys_lines_byte_for_byte():
+    """what tests/test_drift.py checks of every script (linear_schedule, --fast and Adam lines, the --adam-eps check,
+    the update, start-or-restore, resume, signals, non-finite stop, checkpoint, training done), with drq added"""
+    import test_drift
+
+    scripts = {**test_drift.sources(), "drq": SCRIPT.read_text()}
+    functions = {name: test_drift.top_level(source) for name, source in scripts.items()}
+    assert functions["drq"]["linear_schedule"] == functions["dqn"]["linear_schedule"]
+    assert [d for d in test_drift.all_drift(scripts) if "drq" in d] == []
+    call, rest = test_drift.update_lines(scripts["drq"])
+    assert call == "loss, metrics = compute_loss(q_network, target_network, data, args)"
+    assert rest == test_drift.update_lines(scripts["dqn"])[1]
+
+
+BAD = [
+    (["--n-step", "0"], ["--n-step 0", "positive"]),
+    (["--augmentation-pad", "-1"], ["--augmentation-pad -1", ">= 0"]),
+    (["--intensity-scale", "0.5"], ["--intensity-scale 0.5", "[0, 0.5)"]),
+    (["--intensity-scale", "nan"], ["--intensity-scale nan"]),
+    (["--adam-eps", "0"], ["--adam-eps 0.0", "default: 0.00015"]),
+    (["--n-step", "70", "--buffer-size", "64", "--learning-starts", "32"], ["--n-step 70", "--buffer-size 64", "75"]),
+    (["--exploration-fraction", "0"], ["--exploration-fraction 0.0"]),
+    (["--learning-starts", "10"], ["--learning-starts 10", "--batch-size 32"]),
+]
+
+
+def test_bad_flags_stop_early_with_a_message(tmp_path):
+    for result, (_, words) in zip(run_cases("drq", [f for f, _ in BAD], tmp_path, timeout=300), BAD, strict=True):
+        assert_stopped_early(result, words)
+
+
+# ---------------------------------------------------------------- end to end: the toy task, and an exact resume
+
+
+def test_learns_the_delayed_reward_task_with_the_logged_epsilon_held_until_learning(toy_run):
+    stdout, run_dir = toy_run("drq")
+    mean = read_json(run_dir / "evaluations.json")[-1]["mean"]
+    assert mean >= 0.95, f"drq on DelayedImage: evaluation mean {mean}, optimum 1, random 0.5"
+    last_q = [float(line.rsplit("q_values=", 1)[1].split()[0]) for line in stdout.splitlines() if "q_values=" in line]
+    assert 0.0 < last_q[-1] < 1.3
+    args = read_json(run_dir / "receipt.json")["args"]
+    duration = args["exploration_fraction"] * args["total_timesteps"]
+    for event in scalars(run_dir)["charts/epsilon"]:  # chosen at step - 1 (one game)
+        t = max(event.step - 1 - args["learning_starts"], 0)
+        assert event.value == pytest.approx(max(1.0 - 0.99 * t / duration, 0.01), rel=1e-6)
+
+
+def test_resumed_from_a_checkpoint_ends_bit_identical(toy_run, tmp_path):
+    """the toy run, continued from its step-900 checkpoint (the augmentation's draws come from torch's generator,
+    which the checkpoint keeps), ends with its weights"""
+    straight = toy_run("drq").dir
+    copy = tmp_path / straight.name
+    subprocess.run(["cp", "-r", str(straight), str(copy)], check=True)
+    for model in copy.glob("*.cleanrl_model"):
+        model.unlink()
+    again = run_python("algos/drq.py", "--resume", str(copy / "checkpoints" / "step_000000000900"), timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stdout and "games continued" in again.stdout, again.stdout[-2000:]
+    a, b = weights(straight), weights(copy)
+    assert a.keys() == b.keys() and {"value.weight", "advantage.weight"} <= set(a)
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs after resume (max {(a[key] - b[key]).abs().max()})"
+    assert not math.isnan(read_json(copy / "evaluations.json")[-1]["mean"])
+
+
+# ---------------------------------------------------------------- the Atari 100k table beside the published means
+
+PUBLISHED = REPO / "benchmarks" / "atari100k_published.json"
+
+
+def test_the_published_file_has_the_26_games_and_the_papers_iqm():
+    from cleanrl_utils.results import load_published
+
+    published = load_published(PUBLISHED)
+    assert len(published["games"]) == 26 and published["runs_per_game"] == 100
+    assert published["games"]["Breakout"] == pytest.approx(19.8, abs=0.05)  # DESIGN.md's figures
+    assert published["games"]["Pong"] == pytest.approx(-9.1, abs=0.05)
+    assert published["games"]["Boxing"] == pytest.approx(9.0, abs=0.05)
+    assert published["games"]["Seaquest"] == pytest.approx(352.3, abs=0.05)
+    assert published["iqm"] == pytest.approx(0.280, abs=0.0005)
+
+
+def test_the_results_table_lists_the_published_means_beside_ours(tmp_path, capsys):
+    from cleanrl_utils.results import main
+    from cleanrl_utils.scores import human_normalized_score
+
+    for seed, score in ((1, 10.0), (2, 20.0)):
+        folder = tmp_path / f"BreakoutNoFrameskip-v4__drq__{seed}__{1_700_000_000 + seed}"
+        folder.mkdir()
+        receipt = {"status": "finished", "algo": "drq", "seed": seed, "counts": {"env_steps": 100_000}}
+        receipt["args"] = {"env_id": "BreakoutNoFrameskip-v4", "exp_name": "drq"}
+        (folder / "receipt.json").write_text(json.dumps(receipt))
+        (folder / "evaluations.json").write_text(json.dumps([{"step": 100_000, "final": True, "mean": score}]))
+    assert main([str(tmp_path)]) == 0
+    plain = capsys.readouterr().out
+    assert "published" not in plain  # without --published, the table as before
+    assert main([str(tmp_path), "--published", str(PUBLISHED)]) == 0
+    out = capsys.readouterr().out
+    assert "| drq | 2 | 100000 | 15.00 +- 5.00 |" in out
+    hns = human_normalized_score("BreakoutNoFrameskip-v4", 19.76)
+    assert f"| published DrQ(eps) | 100 | 100000 | 19.76 (mean) | {hns:.3f} |" in out
+    assert f"| 26 games of --published | drq | 1 | {human_normalized_score('Breakout', 15.0):.3f} |" in out
+    assert "| 26 games of --published | published DrQ(eps) (100 runs per game) | 26 | 0.280 | [0.271, 0.288] |" in out
+    assert "Published: Agarwal et al. 2021" in out
+    assert main([str(tmp_path), "--published", str(tmp_path / "none.json")]) == 2
