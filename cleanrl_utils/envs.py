@@ -123,13 +123,12 @@ class StepResult:
 class TrainEnvs:
     """A vector of environments that plays the protocol and reports its learning signal and whole games."""
 
-    def __init__(self, env_id: str, num_envs: int, seed: int, life_loss: bool = True, noop_max: int = NOOP_MAX):
+    def __init__(self, env_id: str, num_envs: int, seed: int, noop_max: int = NOOP_MAX):
         self.env_id = env_id
         self.num_envs = num_envs
         self.envs = make_vector_env(env_id, num_envs, noop_max)
         self.single_action_space = self.envs.single_action_space
         self.n_actions = int(self.single_action_space.n)
-        self.life_loss = life_loss
         self.seed = seed
         self.ale = ale_game(env_id) is not None  # ALE games: forced steps and the frame stack are ours
         self.fire = self.ale and has_fire(env_id)
@@ -223,12 +222,9 @@ class TrainEnvs:
             raise RuntimeError("TrainEnvs.recv called without a step sent")
         actions, self._sent = self._sent, None
         if isinstance(self.envs, AtariVectorEnv):
+            # its batch_size is num_envs, so ale-py returns the results in environment order (info["env_id"] is
+            # 0, 1, ...: its result staging writes environment i's result to slot i)
             next_obs, raw, terminated, truncated, info = self.envs.recv()
-            order = info.get("env_id")
-            if order is not None and not np.array_equal(order, np.arange(self.num_envs)):  # by env, in order
-                rank = np.argsort(order)
-                next_obs, raw, terminated, truncated = next_obs[rank], raw[rank], terminated[rank], truncated[rank]
-                info = {k: (np.asarray(v)[rank] if np.ndim(v) == 1 else v) for k, v in info.items()}
         elif hasattr(self.envs, "step_wait"):
             next_obs, raw, terminated, truncated, info = self.envs.step_wait()
         else:
@@ -242,7 +238,7 @@ class TrainEnvs:
         mask = played & ~forced
         life_lost = (lives < self.lives) & played
         ends = (terminated | truncated) & played
-        dones = (terminated | (life_lost if self.life_loss else False)) & mask
+        dones = (terminated | life_lost) & mask
         self.returns[played] += raw[played]
         self.lengths[played] += 1
         finished = [(int(i), float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(ends)]
@@ -329,7 +325,6 @@ def play_episodes(
     n_actions: int,
     epsilon: float,
     rng: np.random.Generator,
-    noop_max: int = NOOP_MAX,
     record: Callable[[np.ndarray], None] | None = None,
 ) -> tuple[list[float], list[int], np.ndarray]:
     """Play ``num_episodes`` whole games, one per parallel environment (so short games are not
@@ -341,7 +336,7 @@ def play_episodes(
     ``record``, if given, is called with the first game's frames (environment 0, seeded ``seed``) as
     its agent sees them: the newest 84x84 frame of its stack at the start, then after each of its
     steps, the last one being the game's end: its length + 1 frames. Recording changes nothing."""
-    envs = TrainEnvs(env_id, num_episodes, seed=seed, noop_max=noop_max)
+    envs = TrainEnvs(env_id, num_episodes, seed=seed)
     try:
         obs = envs.reset()
         if record is not None:

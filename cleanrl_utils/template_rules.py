@@ -1,27 +1,8 @@
 """The rules of algos/custom_value_atari.py, the fair-comparison template for new algorithms.
 
-A custom algorithm is a ``QNetwork`` (a head over the fixed Nature encoder) and a
-``ValueAlgorithm`` (networks, optimizer, ``select_action``, ``update``, ``update_target_network``); everything else is the
-template's fixed part. These checks run at start-up (and on every action and update); each raises
-``TemplateRuleError``, whose message says what is wrong and how to fix it and whose ``status`` (``"invalid
-actions"``, ``"non-finite metrics"``, ...) is what the template records in the run's receipt as ``failed: STATUS``
-before it stops with the message (exit status 2):
-
-- ``check_network``: the Q-network's ``encoder`` is the unmodified ``NatureCNN`` (its type, its
-  layers, its shapes and its 1,684,128 parameters) and ``forward`` gives one finite Q-value per
-  action.
-- ``check_parameter_budget``: the parameters the algorithm trains fit the budget. Trainable means
-  ``requires_grad=True`` (or held by one of its optimizers), over every ``nn.Module`` the
-  algorithm holds, each parameter counted once; target networks must be frozen with
-  ``.requires_grad_(False)`` so that they do not count. The default budget is the Nature encoder
-  plus the largest head among the reference algorithms for the game's action count
-  (``parameter_budget``, ``reference_heads``, counted from each reference script's own ``QNetwork``):
-  non-crossing QR-DQN's (200 quantiles per action, plus a scale and a shift) for 3 actions or more, IQN's for 2.
-- ``check_actions``: ``select_action`` gives one integer action in ``[0, n_actions)`` per
-  environment.
-- ``check_metrics``: ``update`` returns a dict of numbers with at least ``td_loss`` and
-  ``q_values``, finite at the first update (later, the template's loop checks the logged metrics
-  and the network's weights every 1000 agent steps, as every script does).
+A custom algorithm is a ``QNetwork`` (a head over the fixed Nature encoder) and a ``ValueAlgorithm``; everything
+else is the template's fixed part. Each check raises ``TemplateRuleError``; docs/custom_algorithms.md ("What the
+checks refuse", "The parameter budget") lists the rules, what each refuses and how the budget is counted.
 """
 
 from __future__ import annotations
@@ -61,7 +42,8 @@ class TemplateRuleError(ValueError):
 
 # The reference scripts (algos/NAME.py) whose heads set the default budget; tests/test_custom.py checks that
 # every script in algos/ but copies of the template is listed, so a new reference algorithm cannot outgrow it.
-REFERENCE_ALGOS = ("dqn", "double_dqn", "mdqn", "c51", "qrdqn", "nc_qrdqn", "iqn", "rainbow")
+# pqn.py is not: its encoder is the declared LayerNorm variant, and the budget counts heads over the plain one.
+REFERENCE_ALGOS = ("dqn", "double_dqn", "mdqn", "c51", "qrdqn", "nc_qrdqn", "iqn", "rainbow", "drq")
 ALGOS_DIR = Path(__file__).resolve().parents[1] / "algos"
 
 
@@ -72,18 +54,17 @@ def _reference_network(name: str) -> type[nn.Module]:
     return load_algorithm(ALGOS_DIR / f"{name}.py").QNetwork
 
 
-@functools.cache  # one entry per action count
-def _reference_heads(n_actions: int) -> tuple[tuple[str, int], ...]:
+@functools.cache  # one entry per action count; callers get a copy
+def _reference_heads(n_actions: int) -> dict[str, int]:
     saved = random_state()  # building the networks draws their initial weights: the run's generators stay as they were
     try:
-        heads = []
+        heads = {}
         for name in REFERENCE_ALGOS:
             network = _reference_network(name)(n_actions)  # the script's default settings
-            trained = sum(p.numel() for p in network.parameters() if p.requires_grad)
-            heads.append((name, trained - NATURE_CNN_PARAMETERS))
+            heads[name] = sum(p.numel() for p in network.parameters() if p.requires_grad) - NATURE_CNN_PARAMETERS
     finally:
         set_random_state(saved)
-    return tuple(heads)
+    return heads
 
 
 def reference_heads(n_actions: int) -> dict[str, int]:
@@ -326,15 +307,8 @@ class ValueAlgorithmBase:
     settings); ``args`` and ``device`` are left out."""
 
     def _state_members(self) -> dict[str, Any]:
-        members = {}
-        for name, value in vars(self).items():
-            if name in ("args", "device"):
-                continue
-            if isinstance(value, (nn.Module, torch.optim.Optimizer, np.random.Generator)):
-                members[name] = value
-            elif isinstance(value, numbers.Number):  # counters and settings (numpy scalars too)
-                members[name] = value
-        return members
+        kept = (nn.Module, torch.optim.Optimizer, np.random.Generator, numbers.Number)  # numbers: numpy scalars too
+        return {n: v for n, v in vars(self).items() if n not in ("args", "device") and isinstance(v, kept)}
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {}

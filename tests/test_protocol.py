@@ -186,8 +186,8 @@ def play_against_references(ours: TrainEnvs, references: list[gym.Env], games: i
     a game ends) get random actions, which must be ignored. Game i's reference is seeded ``seed + i``, as
     ale-py seeds sub-environment i (Gymnasium derives another ALE seed from it; without sticky actions the
     game does not depend on it, only the no-op draws, which the references are given). ale-py returns results
-    in sub-environment order (its ``batch_size`` is ``num_envs``), so TrainEnvs' reordering is not reached
-    here; sending actions to the wrong games, or results read back from the wrong ones, fails."""
+    in sub-environment order (its ``batch_size`` is ``num_envs``), which TrainEnvs relies on: sending actions to
+    the wrong games, or results read back from the wrong ones, fails."""
     n = ours.num_envs
     streams = [np.random.default_rng([1, i]) for i in range(n)]
     ignored = np.random.default_rng(2)
