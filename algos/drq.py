@@ -128,14 +128,19 @@ def augment(obs, pad: int, intensity_scale: float, generator=None):
     """DrQ's augmentation as Dopamine's drq_image_augmentation: each stack (all its frames alike) padded by `pad`
     pixels repeating its edges, cropped back to its size at a random offset in [0, 2 pad) on each axis (a shift
     by -pad to pad - 1 pixels), then multiplied by 1 + intensity_scale * clip(N(0, 1), -2, 2); each sample its
-    own draw. uint8 or float (batch, stack, H, W) -> float32 on the 0-255 scale (the encoder divides by 255)"""
-    n, _, h, w = obs.shape
+    own draw. uint8 or float (batch, stack, H, W) -> float32 on the 0-255 scale (the encoder divides by 255), in
+    channels-last memory order, which the CPU's convolutions read faster (benchmarks/RESULTS.md)"""
+    n, stack, h, w = obs.shape
     # drawn on the CPU (torch's generator there, or `generator`): no read back from an accelerator
-    shifts = torch.randint(0, 2 * pad, (n, 2), generator=generator).tolist() if pad > 0 else [(0, 0)] * n
+    shifts = torch.randint(0, 2 * pad, (n, 2), generator=generator) if pad > 0 else torch.full((n, 2), pad)
     noise = torch.randn(n, 1, 1, 1, generator=generator).clamp(-2.0, 2.0).to(obs.device)
-    padded = F.pad(obs.float(), (pad, pad, pad, pad), mode="replicate")
-    cropped = torch.stack([padded[i, :, y : y + h, x : x + w] for i, (y, x) in enumerate(shifts)])
-    return cropped * (1.0 + intensity_scale * noise)
+    # padding by repeated edges, then cropping at (y, x), reads row clamp(r + y - pad) and column clamp(c + x - pad)
+    # of the image: those pixels are gathered directly, on uint8, without building the padded copy
+    rows = (torch.arange(h) + shifts[:, :1] - pad).clamp(0, h - 1)
+    cols = (torch.arange(w) + shifts[:, 1:] - pad).clamp(0, w - 1)
+    pixels = (rows[:, :, None] * w + cols[:, None, :]).reshape(n, 1, h * w).expand(n, stack, h * w).to(obs.device)
+    cropped = obs.reshape(n, stack, h * w).gather(2, pixels).view(n, stack, h, w)
+    return cropped.contiguous(memory_format=torch.channels_last).float() * (1.0 + intensity_scale * noise)
 
 
 def augment_batch(data, pad: int, intensity_scale: float, generator=None):
@@ -149,8 +154,12 @@ def compute_td_target(q_network, target_network, data):
     """Double DQN's n-step target: R + gamma^k * Q_target(s', argmax_a' Q_online(s', a')), R the n-step discounted
     reward sum, s' the state k <= n steps later, gamma^k the batch's `discounts` (0 after a terminal)"""
     with torch.no_grad():
-        next_actions = q_network(data.next_observations).argmax(dim=1, keepdim=True)
-        next_q = target_network(data.next_observations).gather(1, next_actions).squeeze(1)
+        online_next = q_network(data.next_observations)
+        next_actions = online_next.argmax(dim=1, keepdim=True)
+        # the target synced after every update holds the online weights: the script passes the online network, and
+        # its forward of s' serves both (the same numbers, one forward fewer; benchmarks/RESULTS.md)
+        target_next = online_next if target_network is q_network else target_network(data.next_observations)
+        next_q = target_next.gather(1, next_actions).squeeze(1)
         td_target = data.rewards + data.discounts * next_q
     return td_target
 
@@ -256,6 +265,10 @@ if __name__ == "__main__":
         run.resumed(checkpoint, replay_restored=replay is not None, games_restored=state["games"] is not None)
         if replay is None:  # an empty replay memory refills before learning again
             learning_starts += global_step
+    # synced after every update (one game, the period 1, tau 1: the reference's), the target equals the online network
+    target_now = (
+        q_network if (args.num_envs, args.target_network_frequency, args.tau) == (1, 1, 1.0) else target_network
+    )
     metrics = None  # the latest update's metrics (tensors), read when logged
     while global_step < args.total_timesteps:
         previous_step = global_step
@@ -285,7 +298,7 @@ if __name__ == "__main__":
                     data = rb.sample(args.batch_size)
                     if args.augmentation:  # DrQ: torch's CPU generator draws the shifts and scales (checkpointed)
                         data = augment_batch(data, args.augmentation_pad, args.intensity_scale)
-                    loss, metrics = compute_loss(q_network, target_network, data, args)
+                    loss, metrics = compute_loss(q_network, target_now, data, args)
                     if args.on_nonfinite == "skip" and not torch.isfinite(loss):  # reads the loss: a host sync
                         run.counts["skipped_updates"] += 1
                         continue
