@@ -223,11 +223,33 @@ def test_the_loss_through_augmentation_and_n_step_returns_matches_the_float64_lo
     assert loss_gap < 1e-5 and q_gap < 1e-5 and grad_gap < 1e-4, (loss_gap, q_gap, grad_gap)
 
 
+def test_the_online_network_as_its_own_target_gives_the_synced_targets_bit_for_bit(drq):
+    """the loop passes the online network as the target while the target is synced after every update (one game,
+    period 1, tau 1): its single forward of s' must give what a separate, synced target network gives"""
+    args = drq.Args()
+    rb, _ = trajectory(args.gamma, args.n_step)
+    torch.manual_seed(0)
+    q_network, synced = drq.QNetwork(N_ACTIONS), drq.QNetwork(N_ACTIONS)
+    synced.load_state_dict(q_network.state_dict())
+    data = drq.augment_batch(
+        rb.sample(16), args.augmentation_pad, args.intensity_scale, torch.Generator().manual_seed(1)
+    )
+    assert torch.equal(
+        drq.compute_td_target(q_network, q_network, data), drq.compute_td_target(q_network, synced, data)
+    )
+    source = SCRIPT.read_text()
+    assert (
+        "q_network if (args.num_envs, args.target_network_frequency, args.tau) == (1, 1, 1.0) else target_network"
+        in " ".join(source.split())
+    )
+
+
 @pytest.mark.parametrize(
     "bug,original,changed",
     [
-        ("the target network chooses a'", "next_actions = q_network(", "next_actions = target_network("),
-        ("the online network evaluates", "next_q = target_network(", "next_q = q_network("),
+        ("the target network chooses a'", "next_actions = online_next.argmax(", "next_actions = target_network(data.next_observations).argmax("),
+        ("the online network evaluates", "else target_network(data.next_observations)", "else q_network(data.next_observations)"),
+        ("the online forward of s' read for another target", "if target_network is q_network else", "if True else"),
         ("one step, not the batch's discounts", "data.rewards + data.discounts * next_q", "data.rewards + 0.9 * next_q"),
         ("squared error, not Huber", "F.smooth_l1_loss(old_val, td_target)", "F.mse_loss(old_val, td_target)"),
         ("no dueling mean", " - advantage.mean(dim=1, keepdim=True)", ""),
@@ -292,7 +314,7 @@ def test_drq_shares_the_familys_lines_byte_for_byte():
     assert functions["drq"]["linear_schedule"] == functions["dqn"]["linear_schedule"]
     assert [d for d in test_drift.all_drift(scripts) if "drq" in d] == []
     call, rest = test_drift.update_lines(scripts["drq"])
-    assert call == "loss, metrics = compute_loss(q_network, target_network, data, args)"
+    assert call == "loss, metrics = compute_loss(q_network, target_now, data, args)"
     assert rest == test_drift.update_lines(scripts["dqn"])[1]
 
 
