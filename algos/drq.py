@@ -109,6 +109,9 @@ class Args(RunFlags):  # + the shared flags for running: threads, run folder, ch
     """the random shift's edge padding in pixels: each image moves by -pad to pad - 1 pixels on each axis"""
     intensity_scale: float = 0.05
     """each image is multiplied by 1 + scale * clip(N(0, 1), -2, 2) (0: shifts only)"""
+    forced_steps: bool = False
+    """whether FIRE is pressed for the agent at a game's start and after a life loss (NOOP, FIRE, 2), as the other
+    scripts' protocol (CleanRL's wrappers); off: the agent plays every step, as Dopamine's Atari 100k"""
 
 
 class QNetwork(nn.Module):
@@ -220,7 +223,7 @@ if __name__ == "__main__":
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
     try:
-        envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed)
+        envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed, forced_steps=args.forced_steps)
     except EnvIdError as error:
         fail(str(error))
     q_network = QNetwork(envs.n_actions).to(device)
@@ -350,6 +353,7 @@ if __name__ == "__main__":
                     args.eval_epsilon,
                     seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
                     video_path=run.video_path(global_step),
+                    forced_steps=args.forced_steps,
                 )
             run.evaluation(global_step, result)
             run.write_receipt()
@@ -392,6 +396,7 @@ if __name__ == "__main__":
             args.eval_epsilon,
             seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
             video_path=run.video_path(global_step),
+            forced_steps=args.forced_steps,
         )
     run.evaluation(global_step, result, final=True)
     if args.save_model:

@@ -10,8 +10,10 @@ wrappers do (EpisodicLifeEnv with FireResetEnv inside, then a frame stack):
 - after a game starts, FIRE then action 2 are pressed for the agent (FireResetEnv), and after a
   life loss NOOP, FIRE, action 2 (EpisodicLifeEnv's no-op, then FireResetEnv; NOOP alone in games
   without FIRE). These forced steps are not transitions (``StepResult.mask`` is False).
+  ``forced_steps=False`` presses nothing: the agent plays every step, as Dopamine's Atari 100k.
 - the frame stack starts afresh (the newest frame four times) after a game start and after a
-  life loss, so no stack spans two lives.
+  life loss, so no stack spans two lives (without forced steps, after a game start only: the
+  first three stacks of a life then hold frames of the one before, docs/protocol.md).
 
 Any other Gymnasium id whose observation is a uint8 stack of 4x84x84 frames runs through
 Gymnasium's vector API as it is (``module:Id`` ids import their module first, so tests and users
@@ -123,7 +125,7 @@ class StepResult:
 class TrainEnvs:
     """A vector of environments that plays the protocol and reports its learning signal and whole games."""
 
-    def __init__(self, env_id: str, num_envs: int, seed: int, noop_max: int = NOOP_MAX):
+    def __init__(self, env_id: str, num_envs: int, seed: int, noop_max: int = NOOP_MAX, forced_steps: bool = True):
         self.env_id = env_id
         self.num_envs = num_envs
         self.envs = make_vector_env(env_id, num_envs, noop_max)
@@ -132,6 +134,7 @@ class TrainEnvs:
         self.seed = seed
         self.ale = ale_game(env_id) is not None  # ALE games: forced steps and the frame stack are ours
         self.fire = self.ale and has_fire(env_id)
+        self.forced_steps = forced_steps  # False: nothing pressed for the agent (Dopamine's Atari 100k)
         self.lives = np.zeros(num_envs, dtype=np.int64)
         self.pending_reset = np.zeros(num_envs, dtype=bool)
         self.forced_actions = np.full((num_envs, 3), -1, dtype=np.int64)  # pressed for the agent next; -1: none
@@ -189,6 +192,8 @@ class TrainEnvs:
         return obs
 
     def _force(self, envs: np.ndarray, life_lost: bool) -> None:
+        if not self.forced_steps:
+            return
         actions = forced_actions(self.fire, life_lost)
         self.forced_actions[envs] = -1
         self.forced_actions[np.ix_(np.flatnonzero(envs), np.arange(len(actions)))] = actions
@@ -326,6 +331,7 @@ def play_episodes(
     epsilon: float,
     rng: np.random.Generator,
     record: Callable[[np.ndarray], None] | None = None,
+    forced_steps: bool = True,
 ) -> tuple[list[float], list[int], np.ndarray]:
     """Play ``num_episodes`` whole games, one per parallel environment (so short games are not
     over-represented), under the training protocol (forced steps, fresh stacks after a life loss)
@@ -335,8 +341,9 @@ def play_episodes(
 
     ``record``, if given, is called with the first game's frames (environment 0, seeded ``seed``) as
     its agent sees them: the newest 84x84 frame of its stack at the start, then after each of its
-    steps, the last one being the game's end: its length + 1 frames. Recording changes nothing."""
-    envs = TrainEnvs(env_id, num_episodes, seed=seed)
+    steps, the last one being the game's end: its length + 1 frames. Recording changes nothing.
+    ``forced_steps``: as ``TrainEnvs``'s (False: nothing pressed for the agent)."""
+    envs = TrainEnvs(env_id, num_episodes, seed=seed, forced_steps=forced_steps)
     try:
         obs = envs.reset()
         if record is not None:

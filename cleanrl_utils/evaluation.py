@@ -32,10 +32,12 @@ def evaluate(
     epsilon: float = 0.01,
     seed: int = 0,
     video_path: Path | None = None,
+    forced_steps: bool = True,
 ) -> dict[str, Any]:
     """Play ``episodes`` whole games with the network's greedy action (argmax of its forward
     output, the Q-values) taken with probability 1 - ``epsilon``. With ``video_path``, the first of
-    these games (seeded ``seed``) is recorded as MP4 as it is played and scored (``mp4_recorder``)."""
+    these games (seeded ``seed``) is recorded as MP4 as it is played and scored (``mp4_recorder``).
+    ``forced_steps``: whether FIRE and the NOOP after a life loss are pressed for the agent (``TrainEnvs``)."""
     was_training = q_network.training
     q_network.eval()
 
@@ -46,7 +48,7 @@ def evaluate(
     try:
         with contextlib.nullcontext() if video_path is None else mp4_recorder(video_path) as record:
             returns, lengths, histogram = play_episodes(
-                env_id, episodes, seed, greedy, n_actions, epsilon, np.random.default_rng(seed), record=record
+                env_id, episodes, seed, greedy, n_actions, epsilon, np.random.default_rng(seed), record, forced_steps
             )
     finally:
         q_network.train(was_training)
@@ -156,6 +158,13 @@ def main(argv: list[str] | None = None) -> None:
         help="the game to play (default: the one the model was trained on); it must have as many actions",
     )
     parser.add_argument(
+        "--forced-steps",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether FIRE (and the NOOP after a life loss) is pressed for the agent (default: as the model's run "
+        "played; DrQ's Atari 100k default: not)",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         help="print the result as one JSON object (per-game returns and lengths, mean, std, action histogram, "
@@ -192,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"{args.model_path} does not fit algos/{saved['algo']}.py's network as it is now: {error}")
     env_id = args.env_id or saved["env_id"]
     n_actions = saved["n_actions"]
+    forced_steps = saved.get("forced_steps", True) if args.forced_steps is None else args.forced_steps
     if env_id != saved["env_id"]:
         try:
             check_env_id(env_id)
@@ -204,7 +214,9 @@ def main(argv: list[str] | None = None) -> None:
     games = []
     for i in range(args.episodes):  # one game at a time, so that each shows as it ends
         start = time.time()
-        game = evaluate(q_network, env_id, n_actions, torch.device("cpu"), 1, args.epsilon, args.seed + i)
+        game = evaluate(
+            q_network, env_id, n_actions, torch.device("cpu"), 1, args.epsilon, args.seed + i, forced_steps=forced_steps
+        )
         games.append(game)
         print(
             f"game {i + 1}/{args.episodes}: return {game['episodic_returns'][0]:g}, "
@@ -226,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
         "human_normalized_score": human_normalized_score(env_id, mean),
         "epsilon": args.epsilon,
         "seeds": [args.seed + i for i in range(args.episodes)],
+        "forced_steps": forced_steps,
     }
     print(json.dumps(result) if args.json else summary(result, args.model_path), flush=True)
 

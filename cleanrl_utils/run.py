@@ -357,6 +357,7 @@ class Run:
                 "env_id": self.args.env_id,
                 "n_actions": n_actions,
                 "network_kwargs": network_kwargs,
+                "forced_steps": getattr(self.args, "forced_steps", True),  # the protocol it played (drq: a flag)
             },
             tmp,
         )

@@ -285,6 +285,7 @@ REFERENCE = {
     "augmentation": True,  # Atari100kRainbowAgent.data_augmentation
     "augmentation_pad": 4,  # drq_image_augmentation(img_pad=4)
     "intensity_scale": 0.05,  # _intensity_aug(scale=0.05)
+    "forced_steps": False,  # atari_lib.AtariPreprocessing presses nothing for the agent (no FireResetEnv)
 }
 
 
@@ -409,3 +410,24 @@ def test_the_results_table_lists_the_published_means_beside_ours(tmp_path, capsy
     assert "| 26 games of --published | published DrQ(eps) (100 runs per game) | 26 | 0.280 | [0.271, 0.288] |" in out
     assert "Published: Agarwal et al. 2021" in out
     assert main([str(tmp_path), "--published", str(tmp_path / "none.json")]) == 2
+
+
+def test_the_saved_model_records_no_forced_steps_and_the_evaluation_command_plays_so(toy_run, drq, tmp_path):
+    """the model file says which protocol its run played (Dopamine's: nothing pressed for the agent); the evaluation
+    command replays it so: on Breakout, every step of the game is counted as the agent's own action"""
+    saved = torch.load(toy_run("drq").dir / "drq.cleanrl_model", map_location="cpu", weights_only=True)
+    assert saved["forced_steps"] is False and saved["algo"] == "drq"
+    model = tmp_path / "drq.cleanrl_model"
+    torch.save(
+        {**saved, "state_dict": drq.QNetwork(4).state_dict(), "env_id": "BreakoutNoFrameskip-v4", "n_actions": 4}, model
+    )
+    for flags, forced in (([], False), (["--forced-steps"], True)):
+        done = run_python(
+            "-m", "cleanrl_utils.evaluation", str(model), "--episodes", "1", "--epsilon", "1", "--json", *flags
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        result = json.loads(done.stdout)
+        assert result["forced_steps"] is forced
+        [length] = result["episodic_lengths"]
+        # a random agent's Breakout: 5 lives; with forced steps FIRE, 2 at the start and NOOP, FIRE, 2 after 4 losses
+        assert sum(result["action_histogram"]) == length - (2 + 3 * 4 if forced else 0)

@@ -357,6 +357,36 @@ def test_evaluating_a_constant_policy_on_breakout_plays_short_whole_games():
         assert histogram[action] == histogram.sum() > 0  # forced steps are not counted as the agent's
 
 
+def test_without_forced_steps_nothing_is_pressed_and_a_breakout_that_never_fires_runs_to_the_cap():
+    """Dopamine's Atari 100k presses nothing for the agent (drq.py's default): every played step is the agent's own
+    transition, and an agent that never presses FIRE waits, its lives intact, until the 27,000-step cap"""
+    envs = TrainEnvs("BreakoutNoFrameskip-v4", 1, seed=0, forced_steps=False)
+    envs.reset()
+    length = 0
+    while True:
+        assert envs.forced_actions[0, 0] < 0
+        step = envs.step(np.zeros(1, dtype=np.int64))
+        length += 1
+        assert step.mask[0]  # the agent's own action, every step
+        if step.ends[0]:
+            break
+    envs.close()
+    assert step.truncations[0] and not step.dones[0] and envs.lives[0] == 5
+    assert length == 27_000 and step.episode_returns == [(0, 0.0, 27_000)]
+
+
+@pytest.mark.parametrize("forced_steps", [True, False])
+def test_the_evaluation_counts_every_step_as_the_agents_only_without_forced_steps(forced_steps):
+    returns, lengths, histogram = play_episodes(
+        "BreakoutNoFrameskip-v4", 3, 7, lambda obs: np.full(len(obs), 1), 4, 0.0, np.random.default_rng(0),
+        forced_steps=forced_steps,
+    )  # fmt: skip
+    assert histogram[1] == histogram.sum()  # always FIRE: the ball is launched either way
+    lives_lost = 4 * len(lengths)  # each game plays its 5 lives out
+    forced = 2 * len(lengths) + 3 * lives_lost  # FIRE, 2 at the start; NOOP, FIRE, 2 after each life loss
+    assert histogram.sum() == sum(lengths) - (forced if forced_steps else 0)
+
+
 def test_noop_starts_draw_0_to_30_frames_uniformly():
     # 512 game starts: 4 games seeded 1000 to 1003, then unseeded resets, as autoresets are, which continue
     # each game's generator (few games: each loads its ROM twice, the costly part). ale-py's
