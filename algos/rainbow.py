@@ -117,7 +117,9 @@ class Args(RunFlags):  # + the shared flags for running: threads, run folder, ch
     prioritized_alpha: float = 0.5
     """the priority exponent: p = (loss + eps) ** alpha (0: uniform sampling)"""
     prioritized_beta: float = 0.4
-    """the importance-sampling exponent at the start, annealed linearly to 1 over `total-timesteps`"""
+    """the importance-sampling exponent at the start, annealed linearly to `prioritized-beta-end` over `total-timesteps`"""
+    prioritized_beta_end: float = 1.0
+    """the importance-sampling exponent at the end (DER: 0.5, the start's: held throughout)"""
     prioritized_eps: float = 1e-6
     """added to the loss before the exponent, so that no transition's priority is 0"""
     dueling: bool = True
@@ -218,9 +220,9 @@ def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
     return max(slope * t + start_e, end_e)
 
 
-def beta_schedule(beta_0: float, duration: int, t: int):
-    """the importance-sampling exponent, from beta_0 at step 0 linearly to 1 at step `duration`"""
-    return beta_0 + (1.0 - beta_0) * min(1.0, t / duration)
+def beta_schedule(beta_0: float, beta_end: float, duration: int, t: int):
+    """the importance-sampling exponent, from beta_0 at step 0 linearly to beta_end at step `duration`"""
+    return beta_0 + (beta_end - beta_0) * min(1.0, t / duration)
 
 
 if __name__ == "__main__":
@@ -255,6 +257,8 @@ if __name__ == "__main__":
         fail(f"--prioritized-alpha {args.prioritized_alpha} must be >= 0 (0: uniform sampling; Rainbow uses 0.5)")
     if not 0.0 <= args.prioritized_beta <= 1.0:
         fail(f"--prioritized-beta {args.prioritized_beta} must be in [0, 1] (annealed to 1; Rainbow starts at 0.4)")
+    if not 0.0 <= args.prioritized_beta_end <= 1.0:
+        fail(f"--prioritized-beta-end {args.prioritized_beta_end} must be in [0, 1] (Rainbow: 1; DER: 0.5)")
     if not (np.isfinite(args.prioritized_eps) and args.prioritized_eps > 0):
         fail(f"--prioritized-eps {args.prioritized_eps} must be > 0 and finite; use e.g. --prioritized-eps 1e-6")
     slots = -(-args.buffer_size // args.num_envs)
@@ -356,8 +360,8 @@ if __name__ == "__main__":
                 with run.timed("learning"):
                     reset_noise(q_network)  # a new noise draw per update, independent for the two networks;
                     reset_noise(target_network)  # acting uses the online one's until the next update
-                    if args.prioritized:  # plus importance-sampling weights (beta annealed to 1) and indices
-                        beta = beta_schedule(args.prioritized_beta, args.total_timesteps, global_step)
+                    if args.prioritized:  # plus importance-sampling weights (beta annealed) and indices
+                        beta = beta_schedule(args.prioritized_beta, args.prioritized_beta_end, args.total_timesteps, global_step)
                         data = rb.sample(args.batch_size, beta)
                     else:
                         data = rb.sample(args.batch_size)

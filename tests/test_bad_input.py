@@ -97,6 +97,7 @@ OWN = {  # each script's own flags
         case("--n-step", "0", words=["--n-step 0", "positive"]),
         case("--prioritized-alpha", "-1", words=["--prioritized-alpha -1.0", ">= 0"]),
         case("--prioritized-beta", "1.5", words=["--prioritized-beta 1.5", "[0, 1]"]),
+        case("--prioritized-beta-end", "-0.1", words=["--prioritized-beta-end -0.1", "[0, 1]"]),
         case("--prioritized-eps", "0", words=["--prioritized-eps 0.0", "> 0"]),
         case("--adam-eps", "0", words=["--adam-eps 0.0", "> 0", "default: 0.00015"]),
         case("--noisy-sigma", "nan", words=["--noisy-sigma nan"]),

@@ -39,7 +39,8 @@ ALGOS = REPO / "algos"
 PLAIN = {name: load_algorithm(ALGOS / f"{name}.py") for name in ("dqn", "double_dqn", "c51")}
 rainbow = load_algorithm(ALGOS / "rainbow.py")
 GAMMA, V_MIN, V_MAX, N_ATOMS, N_ACTIONS = 0.9, -3.0, 3.0, 13, 6
-COMPONENT_FLAGS = ("n_step", "prioritized", "prioritized_alpha", "prioritized_beta", "prioritized_eps")
+COMPONENT_FLAGS = ("n_step", "prioritized", "prioritized_alpha", "prioritized_beta", "prioritized_beta_end")
+COMPONENT_FLAGS += ("prioritized_eps",)
 COMPONENT_FLAGS += ("dueling", "noisy", "noisy_sigma")
 
 

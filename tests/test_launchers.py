@@ -56,6 +56,41 @@ def test_shell_launchers_pass_shellcheck():
     assert done.returncode == 0, done.stdout
 
 
+ATARI100K_SHORT = ["--total-timesteps", "120", "--learning-starts", "64", "--eval-episodes", "1", "--device", "cpu"]
+
+
+@pytest.mark.parametrize("algo,games,script", [("drq", "Pong Boxing", "drq"), ("der", "Pong", "rainbow")])
+def test_the_atari100k_launcher_runs_its_games_and_prints_the_table_beside_the_published_means(
+    algo, games, script, tmp_path
+):
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "CI": "true",
+        "GAMES": games,
+        "RUN_DIR": str(tmp_path),
+        "WORKERS": "2",
+    }
+    command = [str(REPO / "scripts" / "atari100k.sh"), algo, "1", *ATARI100K_SHORT]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for game in games.split():
+        [folder] = (tmp_path / algo).glob(f"{game}NoFrameskip-v4__{script}__1__*")
+        receipt = json.loads((folder / "receipt.json").read_text())
+        assert receipt["status"] == "finished" and receipt["counts"]["env_steps"] == 120
+        if algo == "der":  # DER.gin's settings reached the run
+            assert (receipt["args"]["n_step"], receipt["args"]["prioritized_beta_end"]) == (10, 0.5)
+        mean = json.loads((REPO / "benchmarks" / "atari100k_published.json").read_text())["games"][game]
+        assert f"| published DrQ(eps) | 100 | 100000 | {mean:.2f} (mean) |" in done.stdout, (game, done.stdout)
+    assert f"| {script} | 1 | 120 |" in done.stdout  # our runs' rows
+
+
+def test_the_atari100k_launcher_refuses_a_game_outside_the_26(tmp_path):
+    env = {**os.environ, "GAMES": "Pong Tetris"}
+    done = subprocess.run([str(REPO / "scripts" / "atari100k.sh"), "drq", "1"], env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and "'Tetris' is not one of the 26" in done.stderr
+
+
 @pytest.fixture(scope="session")  # made once (tests/conftest.py's _shared_run_group)
 def grid(tmp_path_factory):
     """A real 3-run grid on the toy tasks with 2 workers; one run fails on purpose."""

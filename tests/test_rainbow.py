@@ -238,10 +238,13 @@ def test_noise_acts_in_training_and_evaluation_uses_the_mean_weights():
 
 
 def test_beta_schedule():
-    assert rainbow.beta_schedule(0.4, 1000, 0) == pytest.approx(0.4)
-    assert rainbow.beta_schedule(0.4, 1000, 500) == pytest.approx(0.7)
-    assert rainbow.beta_schedule(0.4, 1000, 1000) == pytest.approx(1.0)
-    assert rainbow.beta_schedule(0.4, 1000, 5000) == pytest.approx(1.0)
+    assert rainbow.beta_schedule(0.4, 1.0, 1000, 0) == pytest.approx(0.4)
+    assert rainbow.beta_schedule(0.4, 1.0, 1000, 500) == pytest.approx(0.7)
+    assert rainbow.beta_schedule(0.4, 1.0, 1000, 1000) == pytest.approx(1.0)
+    assert rainbow.beta_schedule(0.4, 1.0, 1000, 5000) == pytest.approx(1.0)
+    assert rainbow.beta_schedule(0.4, 0.6, 1000, 500) == pytest.approx(0.5)  # to another end
+    assert [rainbow.beta_schedule(0.5, 0.5, 1000, t) for t in (0, 500, 5000)] == [0.5] * 3  # DER: held
+    assert rainbow.Args().prioritized_beta_end == 1.0
 
 
 def test_defaults_are_the_papers():
