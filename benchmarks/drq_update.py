@@ -1,21 +1,21 @@
-"""Where DrQ(epsilon)'s update time goes, and what one forward fewer buys, measured in one process.
+"""Where DrQ(epsilon)'s update time goes, and what its two speed-ups bought, measured in one process.
 
-    OMP_NUM_THREADS=1 python benchmarks/drq_update.py --threads 1 2 --updates 300
+    OMP_NUM_THREADS=1 python benchmarks/drq_update.py --threads 1 2 --baseline e8b6027~1 --json out.json
 
 The update is algos/drq.py's own (its QNetwork, augment_batch, compute_loss, Adam with --fast's settings: fused
-kernel, channels-last), on a replay memory filled with random frames (the time of a batch does not depend on the
-frames). Each round times, per update of batch 32:
+kernel, channels-last networks), on a replay memory of random frames (a batch's time does not depend on the frames).
+Each round times, per update of batch 32, the sampling, the augmentation of s and s', and the loss, backward and
+optimizer step, for each variant in turn (so a noisy machine slows all alike):
 
-- sample: ReplayBuffer.sample (n-step 10);
-- augment: augment_batch on s and s' (random shifts with edge padding, intensity noise);
-- update (two target forwards): compute_loss with a separate target network, zero_grad, backward, step; the way
-  the script ran before its target forward was shared;
-- update (one forward): the same with the target network being the online network, what algos/drq.py passes when
-  the target is synced at every agent step (its defaults): the target network then holds the online weights at
-  every update, so its forward of s' is the online one's and is read once.
+- now: algos/drq.py as it runs by default: the augmentation gathers the shifted pixels on uint8 into channels-last
+  floats, and the online network is passed as the target (synced after every update, the target holds the online
+  weights), so one forward of s' serves both;
+- two_forwards: the same with a separate (synced) target network: its own forward of s';
+- before (``--baseline REV``, e8b6027~1): that revision's augmentation (a padded float copy, then one crop per
+  sample, in the plain memory layout) and two forwards of s', as the script ran before.
 
-The rounds alternate the variants so a noisy machine slows both alike. It also checks that the two ways give the
-same loss and the same weights after a few updates, bit for bit. Figures are printed and written as JSON
+It first checks that the variants compute the same: the shared forward gives the same losses and weights after a
+few updates, and the baseline's augmentation the same batch, bit for bit. Figures are printed and written as JSON
 (``--json``); nothing is asserted.
 """
 
@@ -27,6 +27,7 @@ import os
 import platform
 import statistics
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -86,11 +87,20 @@ def same_result(drq, rb, args, n_actions: int, updates: int = 5) -> bool:
     return torch.equal(loss_a, loss_b) and all(torch.equal(a, b) for a, b in zip(weights_a, weights_b, strict=True))
 
 
+def load_baseline(revision: str):
+    source = subprocess.run(["git", "show", f"{revision}:algos/drq.py"], cwd=REPO, capture_output=True, check=True)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "drq_baseline.py"
+        path.write_bytes(source.stdout)
+        return load_algorithm(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--updates", type=int, default=300, help="timed updates per variant per round")
+    parser.add_argument("--updates", type=int, default=100, help="timed updates per variant per round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--baseline", default=None, help="a git revision whose algos/drq.py augmentation is timed too")
     parser.add_argument("--json", type=Path, default=None)
     options = parser.parse_args()
 
@@ -100,55 +110,71 @@ def main() -> None:
     rb = filled_buffer(5_000, args.n_step, seed=0)
     identical = same_result(drq, rb, args, n_actions)
     print(f"one forward and two forwards give the same losses and weights bit for bit: {identical}")
+    variants = {"now": (drq, True)}  # (augmentation, whether the target forward is shared)
+    variants["two_forwards"] = (drq, False)
+    if options.baseline:
+        baseline = load_baseline(options.baseline)
+        batch = rb.sample(32)
+        pair = [m.augment_batch(batch, 4, 0.05, torch.Generator().manual_seed(7)) for m in (drq, baseline)]
+        equal = all(
+            torch.equal(getattr(pair[0], f), getattr(pair[1], f)) for f in ("observations", "next_observations")
+        )
+        print(f"the augmentation of {options.baseline} and this one's give the same batch bit for bit: {equal}")
+        identical = identical and equal
+        variants["before"] = (baseline, False)  # its augmentation, its two forwards
 
     figures: dict[str, dict[str, float]] = {}
     for threads in options.threads:
         torch.set_num_threads(threads)
         q_network, target_network, optimizer = make_learner(drq, n_actions, seed=0)
-        times: dict[str, list[float]] = {
-            "sample": [],
-            "augment": [],
-            "update_two_forwards": [],
-            "update_one_forward": [],
-        }
+        times: dict[str, list[float]] = {f"{name}_{part}": [] for name in variants for part in ("augment", "update")}
+        times["sample"] = []
         for _ in range(3):  # warm-up
-            data = drq.augment_batch(rb.sample(32), 4, 0.05)
-            one_update(drq, q_network, target_network, optimizer, data, args)
+            one_update(drq, q_network, target_network, optimizer, drq.augment_batch(rb.sample(32), 4, 0.05), args)
         for _ in range(options.rounds):
-            for name in ("update_two_forwards", "update_one_forward"):
+            for name, (module, shared) in variants.items():
                 sample = augment = update = 0.0
                 for _ in range(options.updates):
                     start = time.perf_counter()
                     batch = rb.sample(32)
                     sampled = time.perf_counter()
-                    data = drq.augment_batch(batch, 4, 0.05)
+                    data = module.augment_batch(batch, 4, 0.05)
                     augmented = time.perf_counter()
-                    target = q_network if name == "update_one_forward" else target_network
-                    one_update(drq, q_network, target, optimizer, data, args)
+                    one_update(drq, q_network, q_network if shared else target_network, optimizer, data, args)
                     done = time.perf_counter()
-                    sample, augment, update = (
-                        sample + sampled - start,
-                        augment + augmented - sampled,
-                        update + done - augmented,
-                    )
-                times[name].append(update / options.updates * 1e3)
+                    sample += sampled - start
+                    augment += augmented - sampled
+                    update += done - augmented
+                times[f"{name}_augment"].append(augment / options.updates * 1e3)
+                times[f"{name}_update"].append(update / options.updates * 1e3)
                 times["sample"].append(sample / options.updates * 1e3)
-                times["augment"].append(augment / options.updates * 1e3)
         medians = {name: statistics.median(values) for name, values in times.items()}
+        for name in variants:
+            medians[f"{name}_total"] = medians["sample"] + medians[f"{name}_augment"] + medians[f"{name}_update"]
         figures[f"{threads}_threads"] = medians
-        print(
-            f"{threads} thread(s), ms per update (median of {options.rounds} rounds x {options.updates}): sample "
-            f"{medians['sample']:.2f}, augment {medians['augment']:.2f}, update with two forwards of s' "
-            f"{medians['update_two_forwards']:.2f}, with one {medians['update_one_forward']:.2f} "
-            f"({medians['update_two_forwards'] / medians['update_one_forward']:.2f}x)"
-        )
+        print(f"{threads} thread(s), ms per update, median of {options.rounds} rounds x {options.updates} updates:")
+        print(f"  sample {medians['sample']:.2f}")
+        for name in variants:
+            print(
+                f"  {name}: augment {medians[f'{name}_augment']:.2f}, loss + backward + step "
+                f"{medians[f'{name}_update']:.2f}, in all {medians[f'{name}_total']:.2f} "
+                f"({medians[f'{name}_total'] / medians['now_total']:.2f}x now's)"
+            )
 
     if options.json:
         cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
         model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line), "?")
+        flags = next((line for line in cpu.splitlines() if line.startswith("Flags")), "")
         record = {
-            "command": "python benchmarks/drq_update.py " + " ".join(f"--threads {t}" for t in options.threads),
-            "machine": {"cpu": model, "cores": os.cpu_count(), "platform": platform.platform()},
+            "command": f"python benchmarks/drq_update.py --threads {' '.join(map(str, options.threads))} --updates "
+            f"{options.updates} --rounds {options.rounds}"
+            + (f" --baseline {options.baseline}" if options.baseline else ""),
+            "machine": {
+                "cpu": model,
+                "avx512": "avx512f" in flags,
+                "cores": os.cpu_count(),
+                "platform": platform.platform(),
+            },
             "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d"),
             "bit_identical": identical,
