@@ -361,7 +361,9 @@ if __name__ == "__main__":
                     reset_noise(q_network)  # a new noise draw per update, independent for the two networks;
                     reset_noise(target_network)  # acting uses the online one's until the next update
                     if args.prioritized:  # plus importance-sampling weights (beta annealed) and indices
-                        beta = beta_schedule(args.prioritized_beta, args.prioritized_beta_end, args.total_timesteps, global_step)
+                        beta = beta_schedule(
+                            args.prioritized_beta, args.prioritized_beta_end, args.total_timesteps, global_step
+                        )
                         data = rb.sample(args.batch_size, beta)
                     else:
                         data = rb.sample(args.batch_size)
