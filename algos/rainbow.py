@@ -129,6 +129,10 @@ class Args(RunFlags):  # + the shared flags for running: threads, run folder, ch
     layers and epsilon-greedy, epsilon from 1 to 0.01 as DQN unless --start-e and --end-e say otherwise"""
     noisy_sigma: float = 0.5
     """sigma_0 of the noisy layers' factorised Gaussian noise"""
+    forced_steps: bool = True
+    """whether FIRE is pressed for the agent at a game's start and after a life loss (NOOP, FIRE, 2), as the other
+    scripts' protocol (CleanRL's wrappers); --no-forced-steps: the agent plays every step, as Dopamine's Atari 100k
+    (DER)"""
 
 
 class QNetwork(nn.Module):
@@ -282,7 +286,7 @@ if __name__ == "__main__":
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
     try:
-        envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed)
+        envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed, forced_steps=args.forced_steps)
     except EnvIdError as error:
         fail(str(error))
     network_kwargs = dict(n_atoms=args.n_atoms, v_min=args.v_min, v_max=args.v_max, noisy_sigma=args.noisy_sigma)
@@ -426,6 +430,7 @@ if __name__ == "__main__":
                     args.eval_epsilon,
                     seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
                     video_path=run.video_path(global_step),
+                    forced_steps=args.forced_steps,
                 )
             run.evaluation(global_step, result)
             run.write_receipt()
@@ -468,6 +473,7 @@ if __name__ == "__main__":
             args.eval_epsilon,
             seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
             video_path=run.video_path(global_step),
+            forced_steps=args.forced_steps,
         )
     run.evaluation(global_step, result, final=True)
     if args.save_model:

@@ -26,14 +26,14 @@ if ! [[ $seeds =~ ^[1-9][0-9]*$ ]]; then
 fi
 
 # Dopamine's dopamine/labs/atari_100k/configs/DER.gin as rainbow.py's flags (docs/algorithms.md has the sources);
-# what rainbow.py cannot do: DER's noisy hidden layer (the fixed encoder's is plain) and its protocol without forced
-# FIRE steps (docs/algorithms.md). The runs keep the name rainbow (the launcher finds finished runs by it): in the table, rainbow's rows are DER's
+# what rainbow.py cannot do: DER's noisy hidden layer (the fixed encoder's is plain; docs/algorithms.md). The runs
+# keep the name rainbow (the launcher finds finished runs by it): in the table, rainbow's rows are DER's
 der_flags=(
     --total-timesteps 100000 --buffer-size 100000 --n-step 10 --learning-starts 1600
     --train-frequency 1 --target-network-frequency 2000 --learning-rate 1e-4 --adam-eps 1.5e-4
     --n-atoms 51 --v-min -10 --v-max 10 --noisy-sigma 0.1 --prioritized-alpha 0.5 --prioritized-beta 0.5
     --prioritized-beta-end 0.5 --prioritized-eps 1e-10 --gamma 0.99 --batch-size 32 --eval-every 0
-    --eval-episodes 100 --eval-epsilon 0.001
+    --eval-episodes 100 --eval-epsilon 0.001 --no-forced-steps
 )
 case $algo in
     drq) script=drq flags=() ;;
