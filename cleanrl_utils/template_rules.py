@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from cleanrl_utils.checkpoint import load_parts, parts_state
 from cleanrl_utils.encoder import NATURE_CNN_PARAMETERS, NatureCNN, check_encoder
 from cleanrl_utils.random_state import random_state, set_random_state
 
@@ -302,45 +303,32 @@ def check_metrics(metrics: Any, global_step: int, sync: bool = True) -> dict[str
 
 
 class ValueAlgorithmBase:
-    """``state_dict`` / ``load_state_dict`` over everything a checkpoint needs: the networks and
-    optimizers the algorithm holds, its numpy random generators, and its plain numbers (counters,
-    settings); ``args`` and ``device`` are left out."""
+    """``state_dict`` / ``load_state_dict`` over everything a checkpoint needs: the networks, optimizers and numpy
+    random generators the algorithm holds (as ``parts_state`` / ``load_parts`` save and restore a script's) and its
+    plain numbers (counters, settings); ``args`` and ``device`` are left out."""
 
-    def _state_members(self) -> dict[str, Any]:
-        kept = (nn.Module, torch.optim.Optimizer, np.random.Generator, numbers.Number)  # numbers: numpy scalars too
-        return {n: v for n, v in vars(self).items() if n not in ("args", "device") and isinstance(v, kept)}
+    def _state_members(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(the parts, the plain numbers), by attribute name"""
+        members = {n: v for n, v in vars(self).items() if n not in ("args", "device")}
+        parts = {
+            n: v for n, v in members.items() if isinstance(v, (nn.Module, torch.optim.Optimizer, np.random.Generator))
+        }
+        plain = {n: v for n, v in members.items() if isinstance(v, numbers.Number)}  # numpy scalars too
+        return parts, plain
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {}
-        for name, value in self._state_members().items():
-            if isinstance(value, (nn.Module, torch.optim.Optimizer)):
-                state[name] = value.state_dict()
-            elif isinstance(value, np.random.Generator):
-                state[name] = value.bit_generator.state
-            else:
-                state[name] = value.item() if isinstance(value, np.generic) else value
-        return state
+        parts, plain = self._state_members()
+        return {**parts_state(parts), **{n: v.item() if isinstance(v, np.generic) else v for n, v in plain.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Put back what ``state_dict`` returned; each optimizer's per-parameter state (Adam's moments) takes
-        its parameter's memory layout, so a checkpoint written on CUDA resumes exactly on a CPU (channels-last
-        networks under --fast) and the reverse."""
-        from cleanrl_utils.checkpoint import moments_like_parameters  # checkpoint.py reads this module's helpers
-
-        members = self._state_members()
-        unknown = sorted(set(state) - set(members))
-        missing = sorted(set(members) - set(state))
+        """Put back what ``state_dict`` returned (each optimizer's moments take their parameters' memory layout)."""
+        parts, plain = self._state_members()
+        unknown, missing = sorted(set(state) - {*parts, *plain}), sorted({*parts, *plain} - set(state))
         if unknown or missing:
             raise KeyError(f"checkpoint does not match the ValueAlgorithm: missing {missing}, unexpected {unknown}")
-        for name, value in members.items():
-            if isinstance(value, (nn.Module, torch.optim.Optimizer)):
-                value.load_state_dict(state[name])
-                if isinstance(value, torch.optim.Optimizer):
-                    moments_like_parameters(value)
-            elif isinstance(value, np.random.Generator):
-                value.bit_generator.state = state[name]
-            else:
-                setattr(self, name, state[name])
+        load_parts(parts, state)
+        for name in plain:
+            setattr(self, name, state[name])
 
 
 def network_spec(n_actions: int) -> Any:

@@ -32,12 +32,15 @@ from torch import nn
 
 from cleanrl_utils.buffer import ReplayBuffer
 from cleanrl_utils.evaluation import load_algorithm
-from cleanrl_utils.noisy import NoisyLinear, reset_noise
-from cleanrl_utils.prioritized import PrioritizedReplayBuffer
 
 ALGOS = REPO / "algos"
 PLAIN = {name: load_algorithm(ALGOS / f"{name}.py") for name in ("dqn", "double_dqn", "c51")}
 rainbow = load_algorithm(ALGOS / "rainbow.py")
+NoisyLinear, PrioritizedReplayBuffer, reset_noise = (
+    rainbow.NoisyLinear,
+    rainbow.PrioritizedReplayBuffer,
+    rainbow.reset_noise,
+)
 GAMMA, V_MIN, V_MAX, N_ATOMS, N_ACTIONS = 0.9, -3.0, 3.0, 13, 6
 COMPONENT_FLAGS = ("n_step", "prioritized", "prioritized_alpha", "prioritized_beta", "prioritized_beta_end")
 COMPONENT_FLAGS += ("prioritized_eps",)

@@ -20,7 +20,6 @@ from conftest import REPO
 
 from cleanrl_utils.buffer import ReplayBatch
 from cleanrl_utils.evaluation import load_algorithm
-from cleanrl_utils.prioritized import PrioritizedReplayBatch
 
 ALGOS = ["dqn", "double_dqn", "c51", "qrdqn", "mdqn", "nc_qrdqn", "iqn", "rainbow"]
 N_ACTIONS, BATCH = 4, 32
@@ -79,7 +78,8 @@ def make_batch(device: str, algo: str, seed: int = 0) -> ReplayBatch:
     if algo != "rainbow":
         return batch
     weights = rng.uniform(0.1, 1.0, BATCH).astype(np.float32)
-    return PrioritizedReplayBatch(**batch._asdict(), weights=tensor(weights), indices=np.arange(BATCH))
+    batch_type = load_algorithm(REPO / "algos" / "rainbow.py").PrioritizedReplayBatch
+    return batch_type(**batch._asdict(), weights=tensor(weights), indices=np.arange(BATCH))
 
 
 class Script:

@@ -1,4 +1,4 @@
-"""NoisyLinear (cleanrl_utils/noisy.py): factorised Gaussian noise of the right shapes and law, the forward pass
+"""NoisyLinear (algos/rainbow.py): factorised Gaussian noise of the right shapes and law, the forward pass
 against a naive float64 loop, noise fixed between draws and new after reset_noise(), evaluation mode on the mean
 weights, the paper's initialisation, gradients to mu and sigma. No mocks."""
 
@@ -9,9 +9,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 from torch import nn
 
-from cleanrl_utils.noisy import NoisyLinear, mean_sigma, reset_noise
+from cleanrl_utils.evaluation import load_algorithm
+
+rainbow = load_algorithm(REPO / "algos" / "rainbow.py")  # the layer lives in the script that uses it
+NoisyLinear, mean_sigma, reset_noise = rainbow.NoisyLinear, rainbow.mean_sigma, rainbow.reset_noise
 
 
 def naive_forward(layer: NoisyLinear, x: torch.Tensor, noisy: bool) -> list[list[float]]:

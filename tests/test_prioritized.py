@@ -1,4 +1,4 @@
-"""Prioritized replay (cleanrl_utils/prioritized.py): the sum tree against naive sums and searches, sampling
+"""Prioritized replay (algos/rainbow.py): the sum tree against naive sums and searches, sampling
 frequencies against the priorities (chi-square tests with fixed seeds), importance-sampling weights against a
 naive float64 computation, new transitions at the largest priority, no sampling of slots without a complete
 transition (after wrap-around, with n-step returns), and byte-exact batches with the n-step returns of a naive
@@ -13,10 +13,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 from scipy.stats import chi2
 from test_buffer import FRAME, STACK, RandomStreams, fill, naive_n_step
 
-from cleanrl_utils.prioritized import PrioritizedReplayBuffer, SumTree
+from cleanrl_utils.evaluation import load_algorithm
+
+rainbow = load_algorithm(REPO / "algos" / "rainbow.py")  # the buffer lives in the script that uses it
+PrioritizedReplayBuffer, SumTree = rainbow.PrioritizedReplayBuffer, rainbow.SumTree
 
 # A chi-square statistic above its 0.999 quantile would reject "the frequencies follow the priorities" at the
 # 0.1% level; the seeds are fixed, so each test is deterministic. Stratified sampling (one draw per segment of
