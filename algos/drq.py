@@ -202,13 +202,6 @@ if __name__ == "__main__":
             f"--intensity-scale {args.intensity_scale} must be in [0, 0.5), so that 1 + scale * clip(N(0, 1), -2, 2) "
             "stays positive (0: no intensity noise; DrQ uses 0.05)"
         )
-    slots = -(-args.buffer_size // args.num_envs)
-    if slots < 4 + args.n_step + 1:
-        fail(
-            f"--buffer-size {args.buffer_size} gives {slots} replay slots per environment with --num-envs "
-            f"{args.num_envs}; --n-step {args.n_step} needs at least {4 + args.n_step + 1}: raise --buffer-size "
-            f"to at least {(4 + args.n_step + 1) * args.num_envs} or lower --n-step"
-        )
     try:
         check_env_id(args.env_id)
     except EnvIdError as error:

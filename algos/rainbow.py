@@ -564,13 +564,6 @@ if __name__ == "__main__":
         fail(f"--prioritized-beta-end {args.prioritized_beta_end} must be in [0, 1] (Rainbow: 1; DER: 0.5)")
     if not (np.isfinite(args.prioritized_eps) and args.prioritized_eps > 0):
         fail(f"--prioritized-eps {args.prioritized_eps} must be > 0 and finite; use e.g. --prioritized-eps 1e-6")
-    slots = -(-args.buffer_size // args.num_envs)
-    if slots < 4 + args.n_step + 1:
-        fail(
-            f"--buffer-size {args.buffer_size} gives {slots} replay slots per environment with --num-envs "
-            f"{args.num_envs}; --n-step {args.n_step} needs at least {4 + args.n_step + 1}: raise --buffer-size "
-            f"to at least {(4 + args.n_step + 1) * args.num_envs} or lower --n-step"
-        )
     try:
         check_env_id(args.env_id)
     except EnvIdError as error:

@@ -61,11 +61,15 @@ def validate_replay_args(args: Any) -> None:
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} is smaller than --batch-size {args.batch_size}; raise --buffer-size")
     slots = -(-args.buffer_size // args.num_envs)
-    if slots < 8:
+    n_step = getattr(args, "n_step", 1)  # multi-step scripts: a stack, the n steps and the next observation's slot
+    need = max(8, 4 + n_step + 1)
+    if slots < need:
         fail(
-            f"--buffer-size {args.buffer_size} gives {slots} replay slots per environment with "
-            f"--num-envs {args.num_envs}; each needs at least 8 (a frame stack and a transition): "
-            f"raise --buffer-size to at least {8 * args.num_envs}"
+            f"--buffer-size {args.buffer_size} gives {slots} replay slots per environment with --num-envs "
+            f"{args.num_envs}; each needs at least {need} (a frame stack and "
+            + ("a transition" if need == 8 else f"an --n-step {n_step} transition")
+            + f"): raise --buffer-size to at least {need * args.num_envs}"
+            + ("" if need == 8 else " or lower --n-step")
         )
     if args.learning_starts < args.batch_size:
         fail(

@@ -47,8 +47,9 @@ def evaluate(
 
     try:
         with contextlib.nullcontext() if video_path is None else mp4_recorder(video_path) as record:
+            rng = np.random.default_rng(seed)  # the evaluation's own exploration draws
             returns, lengths, histogram = play_episodes(
-                env_id, episodes, seed, greedy, n_actions, epsilon, np.random.default_rng(seed), record, forced_steps
+                env_id, episodes, seed, greedy, n_actions, epsilon, rng, record=record, forced_steps=forced_steps
             )
     finally:
         q_network.train(was_training)
@@ -201,7 +202,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"{args.model_path} does not fit algos/{saved['algo']}.py's network as it is now: {error}")
     env_id = args.env_id or saved["env_id"]
     n_actions = saved["n_actions"]
-    forced_steps = saved.get("forced_steps", True) if args.forced_steps is None else args.forced_steps
+    forced_steps = saved.get("forced_steps") if args.forced_steps is None else args.forced_steps
+    if forced_steps is None:
+        parser.error(
+            f"{args.model_path} does not record its protocol (saved by an earlier version of value-atari): "
+            "say how to play it, --forced-steps (FIRE pressed for the agent, every script but drq.py's default) "
+            "or --no-forced-steps"
+        )
     if env_id != saved["env_id"]:
         try:
             check_env_id(env_id)

@@ -431,3 +431,18 @@ def test_the_saved_model_records_no_forced_steps_and_the_evaluation_command_play
         [length] = result["episodic_lengths"]
         # a random agent's Breakout: 5 lives; with forced steps FIRE, 2 at the start and NOOP, FIRE, 2 after 4 losses
         assert sum(result["action_histogram"]) == length - (2 + 3 * 4 if forced else 0)
+
+
+def test_the_evaluation_command_refuses_a_model_that_does_not_record_its_protocol(toy_run, drq, tmp_path):
+    """no guess for a model file without ``forced_steps``: a clear error naming both flags, and a flag plays it"""
+    saved = torch.load(toy_run("drq").dir / "drq.cleanrl_model", map_location="cpu", weights_only=True)
+    saved = {k: v for k, v in saved.items() if k != "forced_steps"}  # as an earlier version saved it
+    model = tmp_path / "drq.cleanrl_model"
+    torch.save(
+        {**saved, "state_dict": drq.QNetwork(4).state_dict(), "env_id": "BreakoutNoFrameskip-v4", "n_actions": 4}, model
+    )
+    done = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "1", "--epsilon", "1")
+    assert done.returncode == 2 and "--forced-steps" in done.stderr and "--no-forced-steps" in done.stderr, done.stderr
+    assert "does not record its protocol" in done.stderr and "Traceback" not in done.stderr
+    done = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "1", "--no-forced-steps", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["forced_steps"] is False, done.stderr[-3000:]
