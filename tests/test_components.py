@@ -192,7 +192,7 @@ def test_a_model_saved_with_settings_the_script_lacks_is_refused(name, tmp_path)
     torch.manual_seed(0)
     settings = {"n_atoms": 51, "v_min": -10.0, "v_max": 10.0} if name == "c51" else {}
     saved = {"state_dict": module.QNetwork(2).state_dict(), "algo": name, "algo_script": str(ALGOS / f"{name}.py"),
-             "env_id": "tests.toy_envs:ImageBandit-v0", "n_actions": 2, "network_kwargs": settings}  # fmt: skip
+             "env_id": "tests.toy_envs:ImageBandit-v0", "n_actions": 2, "network_kwargs": settings, "forced_steps": True}  # fmt: skip
     torch.save(saved, tmp_path / "fits.cleanrl_model")
     done = run_python(
         "-m", "cleanrl_utils.evaluation", str(tmp_path / "fits.cleanrl_model"), "--episodes", "2", "--json"
