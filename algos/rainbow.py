@@ -481,7 +481,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         leaves = envs * cap + slots
         old = self.tree.get(leaves)
         current = np.where(new, 0.0, old)  # a rewritten slot's old priority is void
-        priorities = np.where(self._ready(envs, slots), np.where(current > 0, current, self.max_priority), 0.0)
+        priorities = np.where(self.complete(envs, slots), np.where(current > 0, current, self.max_priority), 0.0)
         changed = priorities != old
         if changed.any():
             self.tree.update(leaves[changed], priorities[changed])
@@ -496,9 +496,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         indices = self.tree.find(values)
         weights = (self.tree.min() / self.tree.get(indices)) ** beta
         envs, slots = np.divmod(indices, self.capacity)
-        batch = self._gather(envs, slots)
+        batch = self.gather(envs, slots)
         return PrioritizedReplayBatch(
-            **batch._asdict(), weights=self._to(weights.astype(np.float32), self.device), indices=indices
+            **batch._asdict(), weights=self.to_device(weights.astype(np.float32), self.device), indices=indices
         )
 
     def update_priorities(self, indices: np.ndarray, errors: np.ndarray | torch.Tensor) -> None:

@@ -147,7 +147,7 @@ class ReplayBuffer:
             self.frames[envs, j] = frames
         else:
             flat = self.frames.view(-1, *self.frame_shape)
-            flat[self._to(envs * cap + j, self.storage_device)] = self._to(frames, self.storage_device)
+            flat[self.to_device(envs * cap + j, self.storage_device)] = self.to_device(frames, self.storage_device)
         # Older transitions whose stacks included the overwritten slot are gone.
         self.valid[envs[:, None], (j[:, None] + np.arange(1, self.stack + 1)) % cap] = False
         if transition is None:
@@ -194,8 +194,9 @@ class ReplayBuffer:
         self._write(envs, next_obs[envs, -1], transition)
         self.open[envs] = ~(ends | transition[2])
 
-    def _ready(self, env: np.ndarray, slot: np.ndarray) -> np.ndarray:
-        """Transitions whose n-step return is complete: an episode boundary or n steps stored."""
+    def complete(self, env: np.ndarray, slot: np.ndarray) -> np.ndarray:
+        """Which of the transitions at (env, slot) have a complete n-step return (an episode boundary or n steps
+        stored): the ones a sampler may draw (``sample``'s, or a prioritized one's over this buffer)."""
         if self.n_step == 1:
             return self.valid[env, slot]
         ok = self.valid[env, slot].copy()
@@ -219,7 +220,7 @@ class ReplayBuffer:
             count = 2 * batch_size
             e = self.rng.choice(self.num_envs, size=count, p=probabilities)
             s = (self.rng.random(count) * filled[e]).astype(np.int64)
-            keep = self._ready(e, s)
+            keep = self.complete(e, s)
             envs = np.concatenate([envs, e[keep]])
             slots = np.concatenate([slots, s[keep]])
             if len(envs) >= batch_size:
@@ -227,9 +228,10 @@ class ReplayBuffer:
         else:
             raise ValueError("the replay buffer holds no complete transition to sample yet")
         envs, slots = envs[:batch_size], slots[:batch_size]
-        return self._gather(envs, slots)
+        return self.gather(envs, slots)
 
-    def _gather(self, envs: np.ndarray, slots: np.ndarray) -> ReplayBatch:
+    def gather(self, envs: np.ndarray, slots: np.ndarray) -> ReplayBatch:
+        """The batch of the transitions at (envs, slots), drawn by ``sample`` or by another sampler."""
         cap, stack = self.capacity, self.stack
         rewards = self.rewards[envs, slots].astype(np.float32)
         dones = self.dones[envs, slots].copy()
@@ -265,12 +267,14 @@ class ReplayBuffer:
                 discounts=torch.from_numpy(discounts),
             )
         if self.storage_device is None:  # host frames to the device: one pinned copy of the stack + 1 frames
-            frames = self._to(self.frames.reshape(-1, *self.frame_shape)[envs[:, None] * cap + window], self.device)
+            frames = self.to_device(
+                self.frames.reshape(-1, *self.frame_shape)[envs[:, None] * cap + window], self.device
+            )
         else:  # gathered where they live
-            index = self._to(envs[:, None] * cap + window, self.storage_device)
+            index = self.to_device(envs[:, None] * cap + window, self.storage_device)
             frames = self.frames.view(-1, *self.frame_shape)[index].to(self.device)
         metadata = np.stack([actions, rewards, dones, discounts]).astype(np.float32)  # one copy; actions are small
-        metadata = self._to(metadata, self.device)
+        metadata = self.to_device(metadata, self.device)
         return ReplayBatch(
             observations=frames[:, split[0]].contiguous(),
             actions=metadata[0].long(),
@@ -281,7 +285,7 @@ class ReplayBuffer:
         )
 
     @staticmethod
-    def _to(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
         """``array`` as a tensor on ``device``; to a GPU through pinned memory, without blocking the host"""
         tensor = torch.from_numpy(np.ascontiguousarray(array))
         if device.type == "cuda":

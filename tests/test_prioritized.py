@@ -159,7 +159,7 @@ def test_new_transitions_get_the_largest_priority_seen():
         t["obs"].tobytes() + bytes([t["action"]]) for h, b in zip(streams.history, before, strict=True) for t in h[b:]
     }
     leaves = live_leaves(buffer)
-    batch = buffer._gather(*np.divmod(leaves, buffer.capacity))
+    batch = buffer.gather(*np.divmod(leaves, buffer.capacity))
     is_new = [
         batch.observations[i].numpy().tobytes() + bytes([batch.actions[i].item()]) in new_keys
         for i in range(len(leaves))
@@ -185,7 +185,7 @@ def test_only_complete_transitions_are_sampled_byte_exact_with_n_step_returns(n_
         buffer.update_priorities(live, rng.exponential(size=len(live)))  # learned priorities, kept on refresh
         # the incrementally kept priorities agree with a from-scratch look at every slot
         envs, slots = np.divmod(np.arange(buffer.num_envs * buffer.capacity), buffer.capacity)
-        np.testing.assert_array_equal(buffer.tree.get(np.arange(len(envs))) > 0, buffer._ready(envs, slots))
+        np.testing.assert_array_equal(buffer.tree.get(np.arange(len(envs))) > 0, buffer.complete(envs, slots))
         expected = {}
         for history in streams.history:
             expected.update(naive_n_step(history, n_step, gamma))
@@ -209,7 +209,7 @@ def test_dead_indices_keep_priority_zero():
     fill(buffer, streams, 40, np.random.default_rng(9))  # the small ring wraps: old transitions are gone
     buffer.update_priorities(old, np.full(len(old), 3.0))
     envs, slots = np.divmod(np.arange(buffer.tree.size), buffer.capacity)
-    np.testing.assert_array_equal(buffer.tree.get(np.arange(buffer.tree.size)) > 0, buffer._ready(envs, slots))
+    np.testing.assert_array_equal(buffer.tree.get(np.arange(buffer.tree.size)) > 0, buffer.complete(envs, slots))
 
 
 def test_checkpoint_state_round_trip_and_cut_episodes():
@@ -233,7 +233,7 @@ def test_checkpoint_state_round_trip_and_cut_episodes():
     assert buffer.open.any()
     buffer.cut_episodes()
     envs, slots = np.divmod(np.arange(buffer.tree.size), buffer.capacity)
-    np.testing.assert_array_equal(buffer.tree.get(np.arange(buffer.tree.size)) > 0, buffer._ready(envs, slots))
+    np.testing.assert_array_equal(buffer.tree.get(np.arange(buffer.tree.size)) > 0, buffer.complete(envs, slots))
     completed = np.array(sorted(set(live_leaves(buffer)) - before))
     assert len(completed) > 0
     np.testing.assert_allclose(buffer.tree.get(completed), buffer.max_priority)
