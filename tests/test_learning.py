@@ -32,7 +32,8 @@ def train(script: Path, tmp_path: Path) -> tuple[float, float]:
 @pytest.mark.parametrize(
     "bug,original,planted",
     [
-        ("missing 1 - done", " * (1 - data.dones)", ""),
+        # slow (41 s): CI plants the wrong sign; the missing ``1 - done`` also fails the float64 loss tests
+        pytest.param("missing 1 - done", " * (1 - data.dones)", "", marks=pytest.mark.slow),
         ("wrong sign", "loss = F.mse_loss(td_target, old_val)", "loss = F.mse_loss(-td_target, old_val)"),
     ],
 )
