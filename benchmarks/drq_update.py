@@ -12,7 +12,10 @@ optimizer step, for each variant in turn (so a noisy machine slows all alike):
   weights), so one forward of s' serves both;
 - two_forwards: the same with a separate (synced) target network: its own forward of s';
 - before (``--baseline REV``, e8b6027~1): that revision's augmentation (a padded float copy, then one crop per
-  sample, in the plain memory layout) and two forwards of s', as the script ran before.
+  sample, in the plain memory layout) and two forwards of s', as the script ran before;
+- bf16 (``--bf16``): now's update with its forwards under ``torch.autocast("cpu", dtype=torch.bfloat16)``, the
+  lower-precision path that CPUs with AMX or AVX512-BF16 run fast. Not in drq.py: it changes the update (the
+  benchmark prints by how much, beside float32's own rounding), so what it learns would need its own runs.
 
 It first checks that the variants compute the same: the shared forward gives the same losses and weights after a
 few updates, and the baseline's augmentation the same batch, bit for bit. Figures are printed and written as JSON
@@ -62,8 +65,9 @@ def make_learner(drq, n_actions: int, seed: int):
     return q_network, target_network, optimizer
 
 
-def one_update(drq, q_network, target_network, optimizer, data, args):
-    loss, _ = drq.compute_loss(q_network, target_network, data, args)
+def one_update(drq, q_network, target_network, optimizer, data, args, bf16: bool = False):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # --bf16's variant: the forwards in bfloat16
+        loss, _ = drq.compute_loss(q_network, target_network, data, args)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
@@ -87,6 +91,38 @@ def same_result(drq, rb, args, n_actions: int, updates: int = 5) -> bool:
     return torch.equal(loss_a, loss_b) and all(torch.equal(a, b) for a, b in zip(weights_a, weights_b, strict=True))
 
 
+def bf16_drift(drq, rb, args, n_actions: int, updates: int = 20) -> dict[str, float]:
+    """How far bfloat16 forwards move the update from float32's: from the same weights and batches, the largest
+    relative difference of a loss, and the weights' distance after ``updates`` updates relative to how far
+    float32's own updates moved them; beside it, the same distance for float32 at another thread count (only the
+    order of the sums differs), the scale of float32's own rounding"""
+    threads = torch.get_num_threads()
+    runs = []
+    for run_threads, bf16 in ((threads, False), (2 if threads == 1 else 1, False), (threads, True)):
+        torch.set_num_threads(run_threads)
+        q_network, _, optimizer = make_learner(drq, n_actions, seed=0)
+        start = [p.detach().clone() for p in q_network.parameters()]
+        rb.rng = np.random.default_rng(0)
+        torch.manual_seed(1)
+        losses = [
+            one_update(drq, q_network, q_network, optimizer, drq.augment_batch(rb.sample(32), 4, 0.05), args, bf16)
+            for _ in range(updates)
+        ]
+        runs.append((torch.stack(losses), [p.detach().clone() for p in q_network.parameters()]))
+    torch.set_num_threads(threads)
+    (loss32, weights32), (_, weights32_other), (loss16, weights16) = runs
+
+    def distance(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+        return sum(float((x - y).pow(2).sum()) for x, y in zip(a, b, strict=True)) ** 0.5
+
+    moved = distance(weights32, start)
+    return {
+        "max_relative_loss_difference": float(((loss16 - loss32).abs() / loss32.abs()).max()),
+        "weights_apart_over_weights_moved": distance(weights32, weights16) / moved,
+        "float32_other_threads_apart_over_moved": distance(weights32, weights32_other) / moved,
+    }
+
+
 def load_baseline(revision: str):
     source = subprocess.run(["git", "show", f"{revision}:algos/drq.py"], cwd=REPO, capture_output=True, check=True)
     with tempfile.TemporaryDirectory() as folder:
@@ -101,6 +137,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=100, help="timed updates per variant per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", default=None, help="a git revision whose algos/drq.py augmentation is timed too")
+    parser.add_argument("--bf16", action="store_true", help="time bfloat16 autocast forwards too (AMX/AVX512-BF16)")
     parser.add_argument("--json", type=Path, default=None)
     options = parser.parse_args()
 
@@ -110,8 +147,13 @@ def main() -> None:
     rb = filled_buffer(5_000, args.n_step, seed=0)
     identical = same_result(drq, rb, args, n_actions)
     print(f"one forward and two forwards give the same losses and weights bit for bit: {identical}")
-    variants = {"now": (drq, True)}  # (augmentation, whether the target forward is shared)
-    variants["two_forwards"] = (drq, False)
+    variants = {"now": (drq, True, False)}  # (augmentation, whether the target forward is shared, bf16)
+    variants["two_forwards"] = (drq, False, False)
+    drift = None
+    if options.bf16:
+        drift = bf16_drift(drq, rb, args, n_actions)
+        print(f"bfloat16 against float32 over 20 updates from the same weights and batches: {drift}")
+        variants["bf16"] = (drq, True, True)
     if options.baseline:
         baseline = load_baseline(options.baseline)
         batch = rb.sample(32)
@@ -121,7 +163,7 @@ def main() -> None:
         )
         print(f"the augmentation of {options.baseline} and this one's give the same batch bit for bit: {equal}")
         identical = identical and equal
-        variants["before"] = (baseline, False)  # its augmentation, its two forwards
+        variants["before"] = (baseline, False, False)  # its augmentation, its two forwards
 
     figures: dict[str, dict[str, float]] = {}
     for threads in options.threads:
@@ -132,7 +174,7 @@ def main() -> None:
         for _ in range(3):  # warm-up
             one_update(drq, q_network, target_network, optimizer, drq.augment_batch(rb.sample(32), 4, 0.05), args)
         for _ in range(options.rounds):
-            for name, (module, shared) in variants.items():
+            for name, (module, shared, bf16) in variants.items():
                 sample = augment = update = 0.0
                 for _ in range(options.updates):
                     start = time.perf_counter()
@@ -140,7 +182,7 @@ def main() -> None:
                     sampled = time.perf_counter()
                     data = module.augment_batch(batch, 4, 0.05)
                     augmented = time.perf_counter()
-                    one_update(drq, q_network, q_network if shared else target_network, optimizer, data, args)
+                    one_update(drq, q_network, q_network if shared else target_network, optimizer, data, args, bf16)
                     done = time.perf_counter()
                     sample += sampled - start
                     augment += augmented - sampled
@@ -168,16 +210,19 @@ def main() -> None:
         record = {
             "command": f"python benchmarks/drq_update.py --threads {' '.join(map(str, options.threads))} --updates "
             f"{options.updates} --rounds {options.rounds}"
-            + (f" --baseline {options.baseline}" if options.baseline else ""),
+            + (f" --baseline {options.baseline}" if options.baseline else "")
+            + (" --bf16" if options.bf16 else ""),
             "machine": {
                 "cpu": model,
                 "avx512": "avx512f" in flags,
+                "amx_bf16": "amx_bf16" in flags,
                 "cores": os.cpu_count(),
                 "platform": platform.platform(),
             },
             "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d"),
             "bit_identical": identical,
+            "bf16_drift": drift,
             "ms_per_update": figures,
         }
         options.json.write_text(json.dumps(record, indent=2) + "\n")
