@@ -74,20 +74,27 @@ def one_update(drq, q_network, target_network, optimizer, data, args, bf16: bool
     return loss.detach()
 
 
+def replay_updates(drq, rb, args, n_actions: int, updates: int, shared: bool = True, bf16: bool = False):
+    """``updates`` updates from the same weights and batches every call (the learner, the buffer's and torch's
+    generators seeded alike), the target synced after each as the script does; the weights before, the losses and
+    the weights after"""
+    q_network, target_network, optimizer = make_learner(drq, n_actions, seed=0)
+    start = [p.detach().clone() for p in q_network.parameters()]
+    rb.rng = np.random.default_rng(0)
+    torch.manual_seed(1)
+    losses = []
+    for _ in range(updates):
+        data = drq.augment_batch(rb.sample(32), 4, 0.05)
+        target = q_network if shared else target_network
+        losses.append(one_update(drq, q_network, target, optimizer, data, args, bf16))
+        target_network.load_state_dict(q_network.state_dict())
+    return start, torch.stack(losses), [p.detach().clone() for p in q_network.parameters()]
+
+
 def same_result(drq, rb, args, n_actions: int, updates: int = 5) -> bool:
-    """both ways, from the same weights and batches, the target synced after every update as the script does"""
-    results = []
-    for shared in (False, True):
-        q_network, target_network, optimizer = make_learner(drq, n_actions, seed=0)
-        rb.rng = np.random.default_rng(0)
-        torch.manual_seed(1)
-        losses = []
-        for _ in range(updates):
-            data = drq.augment_batch(rb.sample(32), 4, 0.05)
-            losses.append(one_update(drq, q_network, q_network if shared else target_network, optimizer, data, args))
-            target_network.load_state_dict(q_network.state_dict())
-        results.append((torch.stack(losses), [p.detach().clone() for p in q_network.parameters()]))
-    (loss_a, weights_a), (loss_b, weights_b) = results
+    """both ways, the online network as the target or a separate synced one, give the same bit for bit"""
+    _, loss_a, weights_a = replay_updates(drq, rb, args, n_actions, updates, shared=False)
+    _, loss_b, weights_b = replay_updates(drq, rb, args, n_actions, updates, shared=True)
     return torch.equal(loss_a, loss_b) and all(torch.equal(a, b) for a, b in zip(weights_a, weights_b, strict=True))
 
 
@@ -97,20 +104,11 @@ def bf16_drift(drq, rb, args, n_actions: int, updates: int = 20) -> dict[str, fl
     float32's own updates moved them; beside it, the same distance for float32 at another thread count (only the
     order of the sums differs), the scale of float32's own rounding"""
     threads = torch.get_num_threads()
-    runs = []
-    for run_threads, bf16 in ((threads, False), (2 if threads == 1 else 1, False), (threads, True)):
-        torch.set_num_threads(run_threads)
-        q_network, _, optimizer = make_learner(drq, n_actions, seed=0)
-        start = [p.detach().clone() for p in q_network.parameters()]
-        rb.rng = np.random.default_rng(0)
-        torch.manual_seed(1)
-        losses = [
-            one_update(drq, q_network, q_network, optimizer, drq.augment_batch(rb.sample(32), 4, 0.05), args, bf16)
-            for _ in range(updates)
-        ]
-        runs.append((torch.stack(losses), [p.detach().clone() for p in q_network.parameters()]))
+    start, loss32, weights32 = replay_updates(drq, rb, args, n_actions, updates)
+    _, loss16, weights16 = replay_updates(drq, rb, args, n_actions, updates, bf16=True)
+    torch.set_num_threads(2 if threads == 1 else 1)
+    _, _, weights32_other = replay_updates(drq, rb, args, n_actions, updates)
     torch.set_num_threads(threads)
-    (loss32, weights32), (_, weights32_other), (loss16, weights16) = runs
 
     def distance(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
         return sum(float((x - y).pow(2).sum()) for x, y in zip(a, b, strict=True)) ** 0.5
