@@ -2,7 +2,7 @@
 # Copy this file (e.g. to algos/my_algo.py) and edit ONLY the EDITABLE block: a QNetwork (a head over the
 # fixed Nature encoder) and a ValueAlgorithm (networks, optimizer, select_action, update). Everything marked
 # FIXED (arguments, environments, replay, exploration schedule, loop, logging, evaluation) is what every
-# algorithm shares, and cleanrl_utils.template_rules checks the rules at start-up. As shipped: DQN, as algos/dqn.py.
+# algorithm shares, and cleanrl_utils.tools.template_rules checks the rules at start-up. As shipped: DQN, as algos/dqn.py.
 import os
 import random
 import signal
@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F  # noqa: F401 (the shipped DQN uses it; your block may not)
 import torch.optim as optim
 import tyro
+from cleanrl_utils.run_flags import RunFlags
 
 from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
 from cleanrl_utils.checkpoint import (
@@ -33,8 +34,7 @@ from cleanrl_utils.envs import OBSERVATION_SHAPE, EnvIdError, TrainEnvs, check_e
 from cleanrl_utils.evaluation import evaluate
 from cleanrl_utils.random_state import random_state, set_random_state
 from cleanrl_utils.run import Run, nonfinite
-from cleanrl_utils.run_flags import RunFlags
-from cleanrl_utils.template_rules import (
+from cleanrl_utils.tools.template_rules import (
     TemplateRuleError,
     ValueAlgorithmBase,
     check_actions,

@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 import tyro
+from cleanrl_utils.run_flags import RunFlags
 
 from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
 from cleanrl_utils.checkpoint import (
@@ -34,7 +35,6 @@ from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
 from cleanrl_utils.evaluation import evaluate
 from cleanrl_utils.random_state import random_state, set_random_state
 from cleanrl_utils.run import Run, nonfinite
-from cleanrl_utils.run_flags import RunFlags
 
 
 @dataclass

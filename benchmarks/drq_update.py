@@ -39,7 +39,7 @@ import torch
 import torch.optim as optim
 
 from cleanrl_utils.buffer import ReplayBuffer
-from cleanrl_utils.evaluation import load_algorithm
+from cleanrl_utils.tools.evaluate import load_algorithm
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -51,7 +51,7 @@ import torch.nn.functional as F  # noqa: E402
 from benchmarks.fast_update import FastSettings, prepare  # noqa: E402
 from cleanrl_utils.buffer import ReplayBuffer  # noqa: E402
 from cleanrl_utils.envs import TrainEnvs  # noqa: E402
-from cleanrl_utils.evaluation import load_algorithm  # noqa: E402
+from cleanrl_utils.tools.evaluate import load_algorithm  # noqa: E402
 
 CLEANRL_BYTES_PER_TRANSITION = 4 * 84 * 84  # SB3 ReplayBuffer(optimize_memory_usage=True), observations only
 FLAGS = ("channels_last", "compile", "fused", "cuda_graph")

@@ -57,10 +57,10 @@ class ReplayBuffer:
         self.frame_shape = tuple(observation_shape[1:])
         self.num_envs = num_envs
         self.capacity = -(-buffer_size // num_envs)  # slots per environment ring
-        if self.capacity < self.stack + n_step + 1:
+        if self.capacity < self.slots_needed(n_step, self.stack):
             raise ValueError(
                 f"--buffer-size {buffer_size} gives {self.capacity} slots per environment with "
-                f"--num-envs {num_envs}; need at least {self.stack + n_step + 1}: raise --buffer-size"
+                f"--num-envs {num_envs}; need at least {self.slots_needed(n_step, self.stack)}: raise --buffer-size"
             )
         self.device = torch.device(device)
         self.n_step = n_step
@@ -80,6 +80,11 @@ class ReplayBuffer:
         self.cursor = np.zeros(num_envs, dtype=np.int64)  # next slot to write, per ring
         self.written = np.zeros(num_envs, dtype=np.int64)  # slots ever written, per ring
         self.open = np.zeros(num_envs, dtype=bool)  # the ring's last frames continue an episode
+
+    @staticmethod
+    def slots_needed(n_step: int = 1, stack: int = 4) -> int:
+        """The fewest slots an environment's ring works with: a frame stack, n steps and the next observation."""
+        return stack + n_step + 1
 
     def __len__(self) -> int:
         return int(self.valid.sum())

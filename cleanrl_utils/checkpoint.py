@@ -13,8 +13,6 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,22 +238,6 @@ def moments_like_parameters(optimizer: torch.optim.Optimizer) -> None:
             for key, value in state.items():
                 if torch.is_tensor(value) and value.shape == p.shape and value.stride() != p.stride():
                     state[key] = torch.empty_like(p, dtype=value.dtype).copy_(value)  # p's strides
-
-
-class StopFlag:
-    """Set by SIGINT/SIGTERM (``signal.signal(signal.SIGTERM, stop.set)``) for the script's loop to read. The
-    first signal also gives both signals back their default action, so that a second one ends the process at
-    once. ``message`` is what the first signal prints: what the script will do."""
-
-    def __init__(self, message: str) -> None:
-        self.requested: str | None = None  # the signal's name, once one came
-        self.message = message
-
-    def set(self, signum: int, frame: Any) -> None:
-        self.requested = signal.Signals(signum).name
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
-        print(f"\n{self.requested}: {self.message}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------- internals

@@ -14,6 +14,8 @@ from typing import Any, NoReturn
 import psutil
 import torch
 
+from cleanrl_utils.buffer import ReplayBuffer
+
 
 def fail(message: str) -> NoReturn:
     """Stop with a one-line message and exit status 2, without a traceback."""
@@ -21,7 +23,7 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def validate_common_args(args: Any, replay: bool = True) -> None:
+def validate_args(args: Any, replay: bool = True) -> None:
     """Check the flags every script shares; each message names the flag, the value and the fix. ``replay=False``:
     a script without replay memory or target network (PQN), whose Args lack those flags."""
     positive = ["total_timesteps", "num_envs", "eval_episodes"]
@@ -48,6 +50,9 @@ def validate_common_args(args: Any, replay: bool = True) -> None:
         fail(f"--checkpoint-every {args.checkpoint_every} must be >= 0 (0: checkpoint only on SIGINT/SIGTERM)")
     if getattr(args, "checkpoint_keep", 1) < 1:
         fail(f"--checkpoint-keep {args.checkpoint_keep} must be >= 1 (the newest checkpoints kept)")
+    adam_eps = getattr(args, "adam_eps", 1.0)
+    if not (math.isfinite(adam_eps) and adam_eps > 0):
+        fail(f"--adam-eps {adam_eps} must be > 0 and finite (this script's default: {type(args).adam_eps})")
     if not 0.0 < args.exploration_fraction <= 1.0:
         fail(f"--exploration-fraction {args.exploration_fraction} must be in (0, 1]")
     if getattr(args, "track", False) and importlib.util.find_spec("wandb") is None:
@@ -55,21 +60,19 @@ def validate_common_args(args: Any, replay: bool = True) -> None:
 
 
 def validate_replay_args(args: Any) -> None:
-    """The replay memory's and target network's flags (validate_common_args calls it)."""
+    """The replay memory's and target network's flags (validate_args calls it)."""
     if args.learning_starts < 0:
         fail(f"--learning-starts {args.learning_starts} must be >= 0")
     if args.buffer_size < args.batch_size:
         fail(f"--buffer-size {args.buffer_size} is smaller than --batch-size {args.batch_size}; raise --buffer-size")
     slots = -(-args.buffer_size // args.num_envs)
     n_step = getattr(args, "n_step", 1)  # multi-step scripts: a stack, the n steps and the next observation's slot
-    need = max(8, 4 + n_step + 1)
+    need = ReplayBuffer.slots_needed(n_step)
     if slots < need:
         fail(
             f"--buffer-size {args.buffer_size} gives {slots} replay slots per environment with --num-envs "
-            f"{args.num_envs}; each needs at least {need} (a frame stack and "
-            + ("a transition" if need == 8 else f"an --n-step {n_step} transition")
-            + f"): raise --buffer-size to at least {need * args.num_envs}"
-            + ("" if need == 8 else " or lower --n-step")
+            f"{args.num_envs}; each needs at least {need} (a frame stack and an --n-step {n_step} transition): "
+            f"raise --buffer-size to at least {need * args.num_envs}" + (" or lower --n-step" if n_step > 1 else "")
         )
     if args.learning_starts < args.batch_size:
         fail(

@@ -26,6 +26,7 @@ ignores its action, so it is not a transition either.
 from __future__ import annotations
 
 import difflib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -90,8 +91,9 @@ def check_env_id(env_id: str) -> None:
             raise EnvIdError(f"--env-id {env_id}: cannot import module {module!r} ({error})") from None
     name = env_id.split(":")[-1]
     from_ale = name in gym.registry and "ale_py" in str(gym.registry[name].entry_point)
-    if name in gym.registry and not from_ale:
-        return  # observation shape and action space are checked when the environments are made
+    if name in gym.registry and not from_ale:  # one environment made and closed: its spaces and autoreset
+        make_vector_env(env_id, 1).close()
+        return
     if name.startswith("ALE/") or from_ale:
         game = game_name(name)
         raise EnvIdError(
@@ -141,6 +143,7 @@ class TrainEnvs:
         self.returns = np.zeros(num_envs, dtype=np.float64)
         self.lengths = np.zeros(num_envs, dtype=np.int64)
         self.stacks: np.ndarray | None = None  # ALE games: the frame stacks last returned
+        self.seconds = 0.0  # wall time spent in send and recv: the games' share of the run (receipt.json)
         self._sent: np.ndarray | None = None  # actions sent and not yet received
 
     # What a checkpoint holds of this class's own bookkeeping, beside the games themselves.
@@ -210,6 +213,7 @@ class TrainEnvs:
         environment's action is replaced and the step is not a transition."""
         if self._sent is not None:
             raise RuntimeError("TrainEnvs.send called twice without recv in between")
+        start = time.perf_counter()
         actions = np.array(actions, dtype=np.int64)  # a copy: the caller may reuse its array
         if actions.shape != (self.num_envs,):
             raise ValueError(f"expected {self.num_envs} actions, got an array of shape {actions.shape}")
@@ -220,12 +224,14 @@ class TrainEnvs:
         elif hasattr(self.envs, "step_async"):
             self.envs.step_async(actions)
         self._sent = actions
+        self.seconds += time.perf_counter() - start
 
     def recv(self) -> StepResult:
         """Wait for the step that ``send`` started and return its result."""
         if self._sent is None:
             raise RuntimeError("TrainEnvs.recv called without a step sent")
         actions, self._sent = self._sent, None
+        start = time.perf_counter()
         if isinstance(self.envs, AtariVectorEnv):
             # its batch_size is num_envs, so ale-py returns the results in environment order (info["env_id"] is
             # 0, 1, ...: its result staging writes environment i's result to slot i)
@@ -261,6 +267,7 @@ class TrainEnvs:
             self.stacks[fresh] = next_obs[fresh]  # broadcast over the stack
             next_obs = self.stacks
         self.pending_reset = ends
+        self.seconds += time.perf_counter() - start
         return StepResult(
             next_obs=next_obs,
             rewards=np.sign(raw).astype(np.float32),

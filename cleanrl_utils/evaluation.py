@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import importlib.util
-import inspect
-import json
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import cv2
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
-from cleanrl_utils.envs import OBSERVATION_SHAPE, EnvIdError, ale_game, check_env_id, play_episodes
+from cleanrl_utils.envs import OBSERVATION_SHAPE, play_episodes
 from cleanrl_utils.scores import human_normalized_score
 
 
@@ -89,166 +82,3 @@ def mp4_recorder(path: Path) -> Iterator[Callable[[np.ndarray], None]]:
         yield record
     finally:
         writer.release()
-
-
-def load_algorithm(script: str | Path):
-    """Import an algorithm script (its training sits under ``if __name__ == "__main__"``)."""
-    spec = importlib.util.spec_from_file_location(Path(script).stem, script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def action_names(env_id: str, n_actions: int) -> list[str]:
-    """The ALE's names of a game's actions (NOOP, FIRE, ...); ``action i`` for other environments."""
-    if ale_game(env_id) is not None:
-        env = gym.make(env_id)
-        names = list(env.unwrapped.get_action_meanings())
-        env.close()
-        if len(names) == n_actions:
-            return names
-    return [f"action {i}" for i in range(n_actions)]
-
-
-def summary(result: dict[str, Any], model_path: str) -> str:
-    """The result of ``main`` for people: returns, human-normalized score, game lengths, actions."""
-    returns, lengths = np.array(result["episodic_returns"]), np.array(result["episodic_lengths"])
-    seeds = result["seeds"]
-    hns = result["human_normalized_score"]
-    histogram = np.array(result["action_histogram"])
-    shares = histogram / max(histogram.sum(), 1)
-    names = action_names(result["env_id"], len(histogram))
-    return "\n".join(
-        [
-            f"{result['algo']} on {result['env_id']} ({model_path}): {len(returns)} games, epsilon "
-            f"{result['epsilon']}, seeds {seeds[0]}-{seeds[-1]}",
-            f"  return: mean {returns.mean():.2f} +- {returns.std():.2f} (std), min {returns.min():g}, "
-            f"median {np.median(returns):g}, max {returns.max():g}",
-            "  human-normalized score: " + ("n/a (no reference scores for this game)" if hns is None else f"{hns:.3f}"),
-            f"  game length: mean {lengths.mean():,.0f} agent steps (min {lengths.min():,}, max {lengths.max():,})",
-            "  actions chosen: "
-            + ", ".join(f"{name} {100 * share:.1f}%" for name, share in zip(names, shares, strict=True)),
-            f"Eval episodic_return: {result['mean']}",
-        ]
-    )
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m cleanrl_utils.evaluation",
-        description="Evaluate a model saved by a run (--save-model) on whole games, as the runs evaluate: raw "
-        "game score, no life-loss ending, up to 30 no-op starts, epsilon-greedy actions. The games are played "
-        "one after another; a line per game goes to standard error as it ends, then a summary to standard output.",
-        epilog="example: python -m cleanrl_utils.evaluation runs/BreakoutNoFrameskip-v4__dqn__1__1700000000/"
-        "dqn.cleanrl_model --episodes 10",
-    )
-    parser.add_argument("model_path", help="the .cleanrl_model file a run saved in its run folder (--save-model)")
-    parser.add_argument("--episodes", type=int, default=10, help="how many whole games to play (default: 10)")
-    parser.add_argument(
-        "--epsilon",
-        type=float,
-        default=0.01,
-        help="the probability of a random action at each step (default: 0.01, as the runs' evaluations; 0: greedy)",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=12345, help="the seed of the first game; game i uses SEED + i (default: 12345)"
-    )
-    parser.add_argument(
-        "--env-id",
-        default=None,
-        help="the game to play (default: the one the model was trained on); it must have as many actions",
-    )
-    parser.add_argument(
-        "--forced-steps",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="whether FIRE (and the NOOP after a life loss) is pressed for the agent (default: as the model's run "
-        "played; DrQ's Atari 100k default: not)",
-    )
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="print the result as one JSON object (per-game returns and lengths, mean, std, action histogram, "
-        "human-normalized score) instead of the summary",
-    )
-    args = parser.parse_args(argv)
-    if args.episodes < 1:
-        parser.error(f"--episodes {args.episodes} must be at least 1")
-    if not 0.0 <= args.epsilon <= 1.0:
-        parser.error(f"--epsilon {args.epsilon} must be in [0, 1] (0: greedy)")
-    if not Path(args.model_path).is_file():
-        parser.error(f"{args.model_path}: no such file; give the .cleanrl_model a run saved with --save-model")
-    saved = torch.load(args.model_path, map_location="cpu", weights_only=True)
-    script = Path(saved["algo_script"])
-    if not script.exists():  # the repository moved: find the script beside this package
-        script = Path(__file__).resolve().parents[1] / "algos" / f"{saved['algo']}.py"
-    module = load_algorithm(script)
-    if "envs" in inspect.signature(module.QNetwork).parameters:  # the custom-algorithm template's QNetwork(envs)
-        from cleanrl_utils.template_rules import network_spec
-
-        q_network = module.QNetwork(network_spec(saved["n_actions"]))
-    else:
-        taken = inspect.signature(module.QNetwork).parameters
-        unknown = sorted(set(saved["network_kwargs"]) - set(taken))
-        if unknown:
-            parser.error(
-                f"{args.model_path} was saved with network settings algos/{saved['algo']}.py's QNetwork does not take "
-                f"({', '.join(unknown)}): an earlier version of the script saved it; evaluate it with that version"
-            )
-        q_network = module.QNetwork(saved["n_actions"], **saved["network_kwargs"])
-    try:
-        q_network.load_state_dict(saved["state_dict"])
-    except RuntimeError as error:
-        parser.error(f"{args.model_path} does not fit algos/{saved['algo']}.py's network as it is now: {error}")
-    env_id = args.env_id or saved["env_id"]
-    n_actions = saved["n_actions"]
-    forced_steps = saved.get("forced_steps") if args.forced_steps is None else args.forced_steps
-    if forced_steps is None:
-        parser.error(
-            f"{args.model_path} does not record its protocol (saved by an earlier version of value-atari): "
-            "say how to play it, --forced-steps (FIRE pressed for the agent, every script but drq.py's default) "
-            "or --no-forced-steps"
-        )
-    if env_id != saved["env_id"]:
-        try:
-            check_env_id(env_id)
-        except EnvIdError as error:
-            parser.error(str(error))
-        env = gym.make(env_id)
-        if env.action_space.n != n_actions:
-            parser.error(f"--env-id {env_id} has {env.action_space.n} actions, the model {n_actions}")
-        env.close()
-    games = []
-    for i in range(args.episodes):  # one game at a time, so that each shows as it ends
-        start = time.time()
-        game = evaluate(
-            q_network, env_id, n_actions, torch.device("cpu"), 1, args.epsilon, args.seed + i, forced_steps=forced_steps
-        )
-        games.append(game)
-        print(
-            f"game {i + 1}/{args.episodes}: return {game['episodic_returns'][0]:g}, "
-            f"{game['episodic_lengths'][0]:,} agent steps, {time.time() - start:.1f}s",
-            file=sys.stderr,
-            flush=True,
-        )
-    returns = [g["episodic_returns"][0] for g in games]
-    mean = float(np.mean(returns))
-    result = {
-        "model": args.model_path,
-        "algo": saved["algo"],
-        "env_id": env_id,
-        "episodic_returns": returns,
-        "episodic_lengths": [g["episodic_lengths"][0] for g in games],
-        "mean": mean,
-        "std": float(np.std(returns)),
-        "action_histogram": np.sum([g["action_histogram"] for g in games], axis=0).tolist(),
-        "human_normalized_score": human_normalized_score(env_id, mean),
-        "epsilon": args.epsilon,
-        "seeds": [args.seed + i for i in range(args.episodes)],
-        "forced_steps": forced_steps,
-    }
-    print(json.dumps(result) if args.json else summary(result, args.model_path), flush=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """The global random generators (Python's, NumPy's, torch's CPU and CUDA ones), saved and put back.
 
 A checkpoint saves them so that a resumed run draws what the uninterrupted run would have drawn, and
-the template's start-up checks (cleanrl_utils/template_rules.py) put them back after trying the
+the template's start-up checks (cleanrl_utils/tools/template_rules.py) put them back after trying the
 algorithm, so that the checks change nothing of the run.
 """
 

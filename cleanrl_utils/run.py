@@ -1,404 +1,318 @@
-"""The run record: run folder, TensorBoard, standard output lines, progress, receipt, timings."""
+"""The run around an algorithm script, reached through one object at a few points:
+
+    run = Run(args, __file__, check_args)   # --resume, the checks, device, threads, seeding, signals
+    obs, global_step = run.own(envs, rb, policy=q_network, q_network=..., optimizer=..., rng=...)
+    ... the algorithm's loop ...
+        if run.step(global_step, obs, step, epsilon, metrics):  # log, progress, evaluate, checkpoint when due
+            break                                                # a signal or a non-finite loss: stop
+    sys.exit(run.finish())                   # final evaluation, saved model, closed record
+
+What ``own`` is given is the one declaration of what the run owns: a checkpoint saves exactly that (with the
+global random generators, the step, the games where they can be saved and the record so far), and ``--resume``
+puts exactly that back (as the DQN Zoo's ``run_atari.py`` declares its checkpoint state once). The script keeps
+the algorithm and the loop; the run never decides the loop: ``step`` says when to stop and the script breaks.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-import platform
-import resource
-import subprocess
+import random
+import signal
 import sys
 import time
-from collections import defaultdict, deque
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
-import psutil
 import torch
-from torch.utils.tensorboard import SummaryWriter
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-RATE_WINDOW_SECONDS = 60.0  # steps/s and the time left are measured over about the last minute
+from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
+from cleanrl_utils.checkpoint import (
+    CheckpointError,
+    find_checkpoint,
+    load_parts,
+    parts_state,
+    resume_args,
+    save_checkpoint,
+)
+from cleanrl_utils.checks import CpuThreads, check_memory, fail, pick_buffer_device, pick_device, validate_args
+from cleanrl_utils.encoder import check_encoder
+from cleanrl_utils.envs import EnvIdError, StepResult, TrainEnvs, check_env_id
+from cleanrl_utils.evaluation import evaluate
+from cleanrl_utils.random_state import random_state, set_random_state
+from cleanrl_utils.record import Record, nonfinite
 
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write to a temporary file, fsync, rename: a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def git_revision() -> dict[str, Any]:
-    def git(*cmd: str) -> str | None:
-        try:
-            out = subprocess.run(["git", *cmd], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    revision = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"revision": revision, "dirty": None if status is None else bool(status)}
+METRICS_EVERY = 1000  # agent steps between TRAIN_METRICS lines: the loop's one read of device values
+PROGRESS_EVERY = 100  # agent steps between SPS, epsilon and progress updates
 
 
-def versions() -> dict[str, str]:
-    import ale_py
-    import gymnasium
+@dataclass
+class RunFlags:
+    """The flags every script shares for running, not for learning; each script's ``Args`` subclasses it."""
 
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "gymnasium": gymnasium.__version__,
-        "ale_py": ale_py.__version__,
-        "numpy": np.__version__,
-    }
-
-
-def hardware(device: torch.device) -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "cpu_count": os.cpu_count(),
-        "memory_bytes": psutil.virtual_memory().total,
-        "torch_threads": torch.get_num_threads(),
-    }
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
+    torch_threads: int = 0
+    """torch's CPU threads (0: automatic, printed at start; see docs/throughput.md)"""
+    run_dir: str = "runs"
+    """the folder that receives the run folder"""
+    checkpoint_every: int = 250_000
+    """agent steps between checkpoints (0: only on SIGINT/SIGTERM); shorter runs write none"""
+    checkpoint_buffer: bool = False
+    """whether checkpoints hold the replay memory too (exact resume; ~7 GB per 1M transitions)"""
+    checkpoint_keep: int = 3
+    """how many of the newest checkpoints to keep"""
+    resume: str | None = None
+    """a run folder (its newest checkpoint) or one checkpoint folder to continue, in the same run folder"""
+    buffer_device: Literal["host", "cuda"] = "host"
+    """where the replay frames live: host memory, or the training GPU (about 7.1 GB per 1M transitions)"""
 
 
-def peak_memory_bytes() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
+class StopFlag:
+    """Set by SIGINT/SIGTERM for the loop to read (``requested``). The first signal gives both signals back their
+    default action, so that a second one ends the process at once; ``message`` is what it prints."""
 
+    def __init__(self, message: str) -> None:
+        self.requested: str | None = None  # the signal's name, once one came
+        self.message = message
 
-def format_eta(seconds: float | None) -> str:
-    """``12.5min`` below two hours, ``3.4h`` above; ``unknown`` without a rate."""
-    if seconds is None:
-        return "unknown"
-    return f"{seconds / 60:.1f}min" if seconds < 7200 else f"{seconds / 3600:.1f}h"
-
-
-def nonfinite(values: dict[str, float], network: torch.nn.Module) -> str | None:
-    """What is not finite: the values named (``values=nan``), or else the network's weights; None if all are."""
-    bad = [f"{k}={v}" for k, v in values.items() if not np.isfinite(v)]
-    if bad:
-        return ", ".join(bad)
-    if not all(torch.isfinite(p).all() for p in network.parameters()):
-        return "network weights"
-    return None
+    def set(self, signum: int, frame: Any) -> None:
+        self.requested = signal.Signals(signum).name
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        print(f"\n{self.requested}: {self.message}", file=sys.stderr, flush=True)
 
 
 class Run:
-    """Everything a run writes. The algorithm scripts call it; it never decides what the run does."""
+    """Everything about running a script's algorithm: start, the declared state, the per-step bookkeeping, finish."""
 
-    def __init__(self, args: Any, script: str, device: torch.device, checkpoint: Any = None) -> None:
-        """``checkpoint`` (a ``Checkpoint`` read back): continue in its run folder; TensorBoard drops what the
-        interrupted run logged after it (``purge_step``), so curves have no duplicate steps. The record itself
-        (counts, evaluations, ...) comes back with ``resumed``."""
-        self.start = time.time()
-        self.args = args
-        self.script = str(Path(script).resolve())
-        self.algo = Path(script).stem
-        self.git = git_revision()  # the code this process runs, even if the checkout changes meanwhile
-        self.device = device
-        if checkpoint is None:
-            self.name = (
-                f"{args.env_id.replace('/', '_').replace(':', '_')}__{args.exp_name}__{args.seed}__{int(self.start)}"
-            )
-            self.dir = Path(args.run_dir) / self.name
-            self.dir.mkdir(parents=True, exist_ok=False)
-        else:
-            self.dir = checkpoint.run_dir
-            self.name = self.dir.name
-        self.last_checkpoint = None if checkpoint is None else checkpoint.path
-        self.resumes: list[dict[str, Any]] = []
-        self.wall_before = 0.0 if checkpoint is None else float(checkpoint.state["run"]["wall_seconds"])
-        self.timings: dict[str, float] = defaultdict(float)
-        self.counts = {
-            "env_steps": 0,
-            "transitions_stored": 0,
-            "gradient_updates": 0,
-            "train_episodes": 0,
-            "eval_episodes": 0,
-            "evaluations": 0,
-            "skipped_updates": 0,
-        }
-        self.evaluations: list[dict[str, Any]] = []
-        self.last_return: float | None = None
-        self.status = "running"
-        self.stdout_closed_at_step: int | None = None
-        self.rate_samples: deque[tuple[float, int]] = deque()
-        self.start_rate(0 if checkpoint is None else checkpoint.step)
-        if args.track:
-            self._start_wandb()
-        if checkpoint is None:
-            self.writer = SummaryWriter(str(self.dir))
-            self.writer.add_text(
-                "hyperparameters",
-                "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()),
-            )
-        else:
-            self.writer = SummaryWriter(str(self.dir), purge_step=checkpoint.step + 1)
-        self.progress = None
-        self.interactive = sys.stderr.isatty() and not os.environ.get("CI")
-        self.last_progress_print = time.time()
-        self.write_receipt()
+    def __init__(self, args: Any, script: str, check_args: Any = None) -> None:
+        """Start: take ``--resume``'s checkpoint and the run's own settings (into ``args``, in place), check the
+        flags (the shared ones, then ``check_args(args)``, the script's own, which returns a message or None), the
+        game, the device and the replay memory's size, before anything large exists; set threads and seeds; catch
+        SIGINT/SIGTERM. A bad input ends the process here with its message (exit status 2), no run folder made."""
+        self.setup_start = time.perf_counter()
+        self.args, self.script = args, script
+        self.checkpoint = None
+        if args.resume:
+            try:  # the run's newest checkpoint and its own settings; a bad checkpoint stops here
+                self.checkpoint = find_checkpoint(args.resume, script)
+                vars(args).update(vars(resume_args(args, self.checkpoint)))
+            except CheckpointError as error:
+                fail(str(error))
+        self.has_replay = hasattr(args, "buffer_size")
+        validate_args(args, replay=self.has_replay)
+        problem = check_args(args) if check_args is not None else None
+        if problem:
+            fail(problem)
+        try:
+            check_env_id(args.env_id)
+        except EnvIdError as error:
+            fail(str(error))
+        self.threads = CpuThreads(args.torch_threads)  # fewer torch threads while other processes hold cores
+        torch.set_num_threads(self.threads.choose())
+        self.device = pick_device(args.device)
+        print(f"device: {self.device}", flush=True)
+        self.buffer_device = None
+        if self.has_replay:
+            self.buffer_device = pick_buffer_device(args.buffer_device, self.device)  # cuda: the frames on the GPU
+            check_memory(args.buffer_size, bytes_per_transition(), self.buffer_device)
+        elif args.checkpoint_buffer or args.buffer_device != "host":
+            fail("--checkpoint-buffer and --buffer-device are for replay memory; this script has none: leave them out")
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        # --fast: Adam's fused kernel on CPU and CUDA (None: torch's default), channels-last convolutions on CPU
+        self.fused = True if args.fast and self.device.type in ("cpu", "cuda") else None
+        self.stop = StopFlag("finishing the current step, then writing a checkpoint (signal again to exit at once)")
+        signal.signal(signal.SIGINT, self.stop.set)
+        signal.signal(signal.SIGTERM, self.stop.set)
+        # after a resume without the replay memory, learning waits until it refills (the one home of this rule)
+        self.learning_starts = getattr(args, "learning_starts", 0)
+        self.record: Record | None = None
+        self.stopped: str | None = None  # why the loop was told to stop
+        self.exit_message: str | int = 0
 
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint holds of the run: the algorithm, its arguments and the record so far."""
-        return {
-            "algo": self.algo,
-            "args": dict(vars(self.args)),
-            "run": {
-                "counts": dict(self.counts),
-                "timings": dict(self.timings),
-                "evaluations": self.evaluations,
-                "last_return": self.last_return,
-                "resumes": self.resumes,
-                "wall_seconds": self.wall_before + time.time() - self.start,
-            },
-        }
+    def fast(self, *networks: torch.nn.Module) -> None:
+        """--fast on CPU: channels-last convolutions, which oneDNN runs faster (benchmarks/RESULTS.md)."""
+        if self.args.fast and self.device.type == "cpu":
+            for network in networks:
+                network.to(memory_format=torch.channels_last)
 
-    def resumed(self, checkpoint: Any, replay_restored: bool | None, games_restored: bool) -> None:
-        """Take the record back from ``checkpoint`` (``evaluations.json`` loses any evaluation written after it)
-        and note this resume in the receipt."""
-        saved = checkpoint.state["run"]
-        self.counts.update(saved["counts"])
-        self.timings.update(saved["timings"])
-        self.evaluations = list(saved["evaluations"])
-        self.last_return = saved["last_return"]
-        write_json_atomic(self.dir / "evaluations.json", self.evaluations)
-        self.resumes = list(saved["resumes"]) + [
-            {
-                "step": checkpoint.step,
-                "checkpoint": str(checkpoint.path),
-                "time": time.time(),
-                "buffer_restored": replay_restored,
-                "environments_restored": games_restored,
-            }
+    def own(
+        self, envs: TrainEnvs, replay: ReplayBuffer | None = None, *, policy: torch.nn.Module, **parts: Any
+    ) -> tuple[np.ndarray, int]:
+        """Declare what the run owns: the games, the replay memory, the network that plays (evaluated, saved) and
+        the named ``parts`` (networks, optimizers, NumPy generators, anything with ``state_dict``). Every network's
+        ``encoder`` is checked (the fixed Nature CNN or a declared variant). The run folder appears now. Returns
+        the first observation and step: a fresh start's, or where ``--resume``'s checkpoint left off."""
+        for name, part in parts.items():
+            if isinstance(part, torch.nn.Module) and hasattr(part, "encoder"):
+                try:
+                    check_encoder(part.encoder)
+                except ValueError as error:
+                    fail(f"{name}: {error}")
+        self.envs, self.replay, self.policy, self.parts = envs, replay, policy, parts
+        args, checkpoint = self.args, self.checkpoint
+        self.record = Record(args, self.script, self.device, checkpoint)
+        self.updates_hooks = [
+            p.register_step_post_hook(self._count_update)
+            for p in parts.values()
+            if isinstance(p, torch.optim.Optimizer)
         ]
-        if replay_restored is None:  # a script without replay memory (PQN)
-            memory = ""
-        elif replay_restored:
-            memory = "replay memory restored, "
-        else:
-            memory = f"replay memory empty: learning waits until step {checkpoint.step + self.args.learning_starts}, "
-        self.print(
-            f"resumed from {checkpoint.path} at step {checkpoint.step} ({memory}"
-            f"{'games continued' if games_restored else 'new games started'})"
-        )
-        self.write_receipt()
-        self.start_rate(checkpoint.step)  # steps/s counts this process's steps only
+        if checkpoint is None:
+            obs, global_step = envs.reset(), 0
+        else:  # where the checkpoint left off: everything declared, put back
+            state = checkpoint.state
+            load_parts(parts, state)
+            set_random_state(state["random"])  # Python's, NumPy's and torch's generators
+            global_step = state["global_step"]
+            saved_replay = checkpoint.replay()  # None unless the run had --checkpoint-buffer
+            if replay is not None and saved_replay is not None:
+                replay.load_state_dict(saved_replay)
+            if state["games"] is not None:  # games that can be saved (the tests' toy games) continue
+                envs.load_state_dict(state["games"])
+                obs = state["obs"]
+            else:  # Atari games cannot be saved: new ones, seeded apart from the first run's
+                envs.seed = args.seed + 1_000_003 * (len(state["run"]["resumes"]) + 1)
+                obs = envs.reset()
+                if replay is not None:
+                    replay.cut_episodes()  # the stored games end there: their last transitions bootstrap
+            refilled = replay is not None and saved_replay is None
+            if refilled:  # an empty replay memory refills before learning again
+                self.learning_starts = global_step + args.learning_starts
+            restored = None if replay is None else saved_replay is not None
+            self.record.resumed(checkpoint, restored, state["games"] is not None, self.learning_starts)
+        self.last_step = global_step  # the step of the previous ``step`` call: what each interval is counted from
+        self.env_seconds = envs.seconds
+        self.record.timings["setup"] += time.perf_counter() - self.setup_start
+        return obs, global_step
 
-    def checkpoint_written(self, path: Path | None, global_step: int) -> None:
-        """Say where the checkpoint went (None: not written, the networks hold non-finite values)."""
-        if path is None:
-            self.print(f"not checkpointing at step {global_step}: the network holds non-finite values")
-            return
-        self.last_checkpoint = path
-        self.print(f"checkpoint written: {path}")
-        self.flush()
-
-    def what_is_kept(self) -> str:
-        """The run's last good checkpoint and how to resume from it, for a message."""
-        if self.last_checkpoint is None:
-            return "no checkpoint was written before it"
-        return f"the last good checkpoint is {self.last_checkpoint} (resume with --resume {self.dir})"
-
-    def _start_wandb(self) -> None:
-        import wandb  # checks.validate_common_args has made sure it is installed
-
-        wandb.init(
-            project=self.args.wandb_project_name,
-            entity=self.args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(self.args),
-            name=self.name,
-            save_code=True,
-            dir=str(self.dir),
-        )
+    def _count_update(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        self.record.counts["gradient_updates"] += 1
 
     @contextmanager
     def timed(self, phase: str):
-        """Accumulate wall time per phase: setup, acting, environment, learning, evaluation."""
+        """Add the block's wall time to ``phase`` in the receipt (acting, learning, ...)."""
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            self.timings[phase] += time.perf_counter() - t0
+            self.record.timings[phase] += time.perf_counter() - t0
 
-    def episode(self, global_step: int, episodic_return: float, length: int) -> None:
-        self.counts["train_episodes"] += 1
-        self.last_return = episodic_return
-        self.print(f"global_step={global_step}, episodic_return={episodic_return}")
-        self.writer.add_scalar("charts/episodic_return", episodic_return, global_step)
-        self.writer.add_scalar("charts/episodic_length", length, global_step)
+    def skip(self, loss: torch.Tensor) -> bool:
+        """--on-nonfinite skip: True (and counted) for a non-finite loss, which the update then leaves out. This
+        reads the loss (a host synchronisation), so only when that flag asks; the default stops the run instead,
+        from the metrics ``step`` reads every 1000 steps."""
+        if self.args.on_nonfinite == "skip" and not torch.isfinite(loss):
+            self.record.counts["skipped_updates"] += 1
+            return True
+        return False
 
-    def train_metrics(self, global_step: int, metrics: dict[str, float | torch.Tensor]) -> dict[str, float]:
-        """Log ``losses/*`` scalars and the TRAIN_METRICS line, and return the values read (called every 1000
-        steps: the only host synchronisation of the training loop)."""
-        values = {
-            key: float(value.detach()) if torch.is_tensor(value) else float(value) for key, value in metrics.items()
-        }
-        for key, value in values.items():
-            self.writer.add_scalar(f"losses/{key}", value, global_step)
-        fields = " ".join(f"{k}={v:.6g}" for k, v in values.items())
-        self.print(f"TRAIN_METRICS step={global_step} {fields}")
-        return values
+    def step(self, global_step: int, obs: np.ndarray, result: StepResult, epsilon: float, metrics: dict | None) -> bool:
+        """After each environment step: ``log_step``, then ``due``. True: the loop must stop."""
+        self.log_step(global_step, result, epsilon)
+        return self.due(global_step, obs, metrics)
 
-    def flush(self) -> None:
-        self.writer.flush()
-        self.write_receipt()
+    def log_step(self, global_step: int, result: StepResult, epsilon: float) -> None:
+        """Count the step, log finished games, and every 100 steps the SPS, epsilon and progress."""
+        record = self.record
+        previous, record.counts["env_steps"] = record.counts["env_steps"], global_step
+        record.counts["transitions_stored"] += int(result.mask.sum())
+        for _, episodic_return, length in result.episode_returns:
+            record.episode(global_step, episodic_return, length)
+        if global_step // PROGRESS_EVERY > previous // PROGRESS_EVERY:
+            record.timings["environment"] += self.envs.seconds - self.env_seconds  # the games' time, send to recv
+            self.env_seconds = self.envs.seconds
+            sps = record.recent_sps(global_step)  # steps/s over the last minute, this process's steps only
+            torch.set_num_threads(self.threads.choose())  # re-read every 5 s
+            record.scalar("charts/SPS", int(sps), global_step)
+            record.scalar("charts/epsilon", epsilon, global_step)
+            record.show_progress(global_step, self.args.total_timesteps, sps)
 
-    def scalar(self, tag: str, value: float, global_step: int) -> None:
-        self.writer.add_scalar(tag, value, global_step)
+    def due(self, global_step: int, obs: np.ndarray, metrics: dict | None) -> bool:
+        """What is due since the previous call: the metrics (every 1000 steps; a non-finite loss or weights stop
+        the run, checkpoints kept), an evaluation, a checkpoint (or one after a signal). True: the loop must stop."""
+        args, record, previous = self.args, self.record, self.last_step
+        self.last_step = global_step
 
-    def evaluation(self, global_step: int, result: dict[str, Any], final: bool = False) -> None:
-        self.counts["evaluations"] += 1
-        self.counts["eval_episodes"] += len(result["episodic_returns"])
-        entry = {"step": global_step, "final": final, **result}
-        self.evaluations.append(entry)
-        write_json_atomic(self.dir / "evaluations.json", self.evaluations)
-        self.writer.add_scalar("eval/episodic_return", result["mean"], global_step)
-        if result["human_normalized_score"] is not None:
-            self.writer.add_scalar("eval/human_normalized_score", result["human_normalized_score"], global_step)
-        self.print(f"Eval episodic_return: {result['mean']}")
-        self.print(f"  eval std={result['std']:.3f} actions={result['action_histogram']}")
-        if final:
-            self.print(f"Final eval return: {result['mean']}")
-        self.writer.flush()
+        def crossed(every: int) -> bool:
+            return bool(every) and global_step // every > previous // every
 
-    def video_path(self, global_step: int) -> Path | None:
-        """Where an evaluation's recorded game goes, None unless --capture-video."""
-        return self.dir / "videos" / f"eval_step_{global_step}.mp4" if self.args.capture_video else None
+        if crossed(METRICS_EVERY) and metrics:
+            values = record.train_metrics(global_step, metrics)
+            bad = nonfinite(values if args.on_nonfinite == "stop" else {}, self.policy)
+            if bad:
+                record.close(status=f"failed: non-finite {bad} at step {global_step}")
+                self.stopped = "non-finite"
+                self.exit_message = f"error: non-finite {bad} at step {global_step}; stopping: {record.what_is_kept()}"
+                return True
+        if crossed(args.eval_every) and global_step < args.total_timesteps:
+            self.evaluate(global_step)
+            record.write_receipt()
+        if (crossed(args.checkpoint_every) and global_step < args.total_timesteps) or self.stop.requested:
+            with self.timed("checkpoint"):
+                state = {
+                    **parts_state(self.parts),
+                    "random": random_state(),
+                    "global_step": global_step,
+                    "obs": obs,
+                    "games": self.envs.state_dict() if self.envs.games_can_be_saved else None,
+                    **record.state_dict(),  # the algorithm, its arguments, the record so far
+                }
+                replay = self.replay.state_dict() if self.replay is not None and args.checkpoint_buffer else None
+                path = save_checkpoint(record.dir / "checkpoints", global_step, state, replay, args.checkpoint_keep)
+            record.checkpoint_written(path, global_step)
+            if self.stop.requested:
+                record.close(status="interrupted")
+                where = f"{os.path.relpath(self.script)} --resume {record.dir}"
+                record.print(f"stopped at step {global_step} by {self.stop.requested}; resume with: python {where}")
+                self.stopped = self.stop.requested
+                return True
+        return False
 
-    def print(self, line: str) -> None:
-        """A line on standard output. When its reader has gone (``| head``), nothing more is printed there and
-        the run goes on; stderr says so and the receipt records the step (``stdout_closed_at_step``)."""
-        if self.stdout_closed_at_step is not None:
-            return
-        try:
-            if self.progress is not None:
-                self.progress.write(line)
-            else:
-                print(line, flush=True)
-        except BrokenPipeError:
-            self.stdout_closed_at_step = self.counts["env_steps"]
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())  # later writes, and the interpreter's last flush, go nowhere
-            os.close(devnull)
-            print(
-                f"note: standard output was closed by its reader (e.g. `| head`) at step {self.stdout_closed_at_step}; "
-                f"the run goes on without printing there (Ctrl-C stops it with a checkpoint); its record is in "
-                f"{self.dir}",
-                file=sys.stderr,
-                flush=True,
+    def evaluate(self, global_step: int, final: bool = False) -> None:
+        """One evaluation of the policy network (--eval-episodes whole games, --eval-epsilon), under the games'
+        own protocol, on games seeded apart from training's and from the other evaluations'."""
+        args, record = self.args, self.record
+        with self.timed("evaluation"):
+            result = evaluate(
+                self.policy,
+                args.env_id,
+                self.envs.n_actions,
+                self.device,
+                args.eval_episodes,
+                args.eval_epsilon,
+                seed=args.seed + 10_000 + 100 * record.counts["evaluations"],
+                video_path=record.video_path(global_step),
+                forced_steps=self.envs.forced_steps,
             )
-            self.write_receipt()
+        record.evaluation(global_step, result, final=final)
 
-    def start_rate(self, global_step: int, now: float | None = None) -> None:
-        """Count steps/s from here: the loop's first step, or a resumed run's checkpoint step (the steps
-        made before it, by an earlier process, do not count toward this one's rate)."""
-        self.rate_samples = deque([(time.time() if now is None else now, global_step)])
-
-    def recent_sps(self, global_step: int, now: float | None = None) -> float:
-        """Agent steps per second over about the last minute (``RATE_WINDOW_SECONDS``, from the newest sample
-        at least that old), counting only this process's steps: the rate the run has now, not its average."""
-        now = time.time() if now is None else now
-        samples = self.rate_samples
-        samples.append((now, global_step))
-        while samples[1][0] <= now - RATE_WINDOW_SECONDS:
-            samples.popleft()
-        then, step = samples[0]
-        return (global_step - step) / max(now - then, 1e-9)
-
-    def show_progress(self, global_step: int, total: int, sps: float) -> None:
-        """A progress bar on a terminal; a plain line every 30 s otherwise. ``sps`` (``recent_sps``) gives the
-        time left."""
-        eta = format_eta((total - global_step) / sps if sps > 0 else None)
-        if self.interactive:
-            if self.progress is None:
-                from tqdm import tqdm
-
-                self.progress = tqdm(
-                    total=total,
-                    initial=global_step,
-                    unit="step",
-                    dynamic_ncols=True,
-                    file=sys.stderr,
-                    bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]",
-                )
-            self.progress.update(global_step - self.progress.n)
-            self.progress.set_postfix_str(f"sps={int(sps)}, eta={eta}, last_return={self.last_return}", refresh=False)
-        elif time.time() - self.last_progress_print >= 30:
-            self.last_progress_print = time.time()
-            self.print(
-                f"progress step={global_step}/{total} ({100 * global_step / total:.1f}%) sps={int(sps)} "
-                f"last_return={self.last_return} eta={eta}"
-            )
-
-    def save_model(self, q_network: torch.nn.Module, n_actions: int, **network_kwargs: Any) -> Path:
-        """Weights plus what rebuilds the network: ``QNetwork(n_actions, **network_kwargs)``."""
-        path = self.dir / f"{self.args.exp_name}.cleanrl_model"
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(
-            {
-                "state_dict": q_network.state_dict(),
-                "algo": self.algo,
-                "algo_script": self.script,
-                "env_id": self.args.env_id,
-                "n_actions": n_actions,
-                "network_kwargs": network_kwargs,
-                "forced_steps": getattr(self.args, "forced_steps", True),  # the protocol it played (drq: a flag)
-            },
-            tmp,
+    def finish(self, **network_kwargs: Any) -> str | int:
+        """The end: after a stop, what to tell (the exit status or message); otherwise the final evaluation, the
+        model saved with --save-model (``network_kwargs``: what rebuilds it, ``QNetwork(n_actions, **these)``), the
+        record closed as finished. Returns what ``sys.exit`` takes."""
+        for hook in self.updates_hooks:
+            hook.remove()
+        if self.stopped is not None:
+            self.envs.close()
+            return self.exit_message
+        args, record, global_step = self.args, self.record, self.record.counts["env_steps"]
+        self.stop.message = (
+            f"training is done (step {global_step}); the final evaluation goes on to its end"
+            f"{' and the model is saved' if args.save_model else ''}, then the run ends as finished; no checkpoint "
+            "is written (signal again to exit at once, without the final evaluation)"
         )
-        os.replace(tmp, path)
-        self.print(f"model saved to {path}")
-        return path
+        record.print(f"training done at step {global_step}; final evaluation of {args.eval_episodes} games")
+        self.evaluate(global_step, final=True)
+        if args.save_model:
+            record.save_model(self.policy, self.envs.n_actions, self.envs.forced_steps, **network_kwargs)
+        self.envs.close()
+        record.close()
+        return 0
 
-    def write_receipt(self) -> None:
-        receipt = {
-            "status": self.status,
-            "algo": self.algo,
-            "command": [sys.executable, *sys.argv],
-            "args": dataclasses.asdict(self.args),
-            "seed": self.args.seed,
-            "run_dir": str(self.dir),
-            "git": self.git,
-            "versions": versions(),
-            "device": str(self.device),
-            "dtype": str(torch.get_default_dtype()).removeprefix("torch."),
-            "hardware": hardware(self.device),
-            "counts": dict(self.counts),
-            "timings_seconds": {k: round(v, 3) for k, v in self.timings.items()},
-            "wall_seconds": round(self.wall_before + time.time() - self.start, 3),
-            "peak_process_memory_bytes": peak_memory_bytes(),
-            "final_eval_return": next((e["mean"] for e in reversed(self.evaluations) if e["final"]), None),
-            "last_checkpoint": None if self.last_checkpoint is None else str(self.last_checkpoint),
-            "resumes": self.resumes,
-            "stdout_closed_at_step": self.stdout_closed_at_step,
-        }
-        if self.device.type == "cuda":
-            receipt["peak_cuda_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
-        write_json_atomic(self.dir / "receipt.json", receipt)
-
-    def close(self, status: str = "finished") -> None:
-        self.status = status
-        if self.progress is not None:
-            self.progress.close()
-            self.progress = None
-        self.write_receipt()
-        self.writer.close()
-        if self.args.track:
-            import wandb
-
-            wandb.finish()
+    @property
+    def dir(self) -> Path:
+        return self.record.dir

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: scripts/atari100k.sh [ALGO] [N_SEEDS] [extra flags...]
 # Atari 100k (docs/protocol.md): the 26 games x seeds 1..N_SEEDS (default 5) of ALGO through the grid launcher
-# (cleanrl_utils.benchmark), then the results table beside the published DrQ(eps) means
+# (cleanrl_utils.tools.benchmark), then the results table beside the published DrQ(eps) means
 # (benchmarks/atari100k_published.json). ALGO: drq (default; algos/drq.py, whose defaults are the protocol) or der
 # (Data-Efficient Rainbow: algos/rainbow.py with Dopamine's DER.gin settings, below). Extra flags pass through to
 # every run. Environment: GAMES (some of the 26, e.g. "Pong Boxing"; default all), WORKERS (parallel runs, default
@@ -70,8 +70,8 @@ done
 
 status=0
 # ${flags[@]+...}: an empty array is safe under set -u in bash 3.2 (macOS) too
-"$python" -m cleanrl_utils.benchmark --algos "$script" --env-ids "${env_ids[@]}" --seeds "${seed_list[@]}" \
+"$python" -m cleanrl_utils.tools.benchmark --algos "$script" --env-ids "${env_ids[@]}" --seeds "${seed_list[@]}" \
     --workers "${WORKERS:-1}" --threads-per-run "${THREADS:-1}" --run-dir "$run_dir/$algo" \
     -- ${flags[@]+"${flags[@]}"} "$@" || status=$?
-"$python" -m cleanrl_utils.results "$run_dir" --published "$root/benchmarks/atari100k_published.json"
+"$python" -m cleanrl_utils.tools.results "$run_dir" --published "$root/benchmarks/atari100k_published.json"
 exit "$status"

@@ -18,7 +18,7 @@ from conftest import REPO, weights
 from toy_envs import DelayedImage
 
 from cleanrl_utils.envs import TrainEnvs
-from cleanrl_utils.evaluation import load_algorithm
+from cleanrl_utils.tools.evaluate import load_algorithm
 
 SCRIPT = REPO / "algos" / "c51.py"
 c51 = load_algorithm(SCRIPT)

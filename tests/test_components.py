@@ -31,7 +31,7 @@ from test_scripts import scheduled_epsilon
 from torch import nn
 
 from cleanrl_utils.buffer import ReplayBuffer
-from cleanrl_utils.evaluation import load_algorithm
+from cleanrl_utils.tools.evaluate import load_algorithm
 
 ALGOS = REPO / "algos"
 PLAIN = {name: load_algorithm(ALGOS / f"{name}.py") for name in ("dqn", "double_dqn", "c51")}
@@ -195,18 +195,18 @@ def test_a_model_saved_with_settings_the_script_lacks_is_refused(name, tmp_path)
              "env_id": "tests.toy_envs:ImageBandit-v0", "n_actions": 2, "network_kwargs": settings, "forced_steps": True}  # fmt: skip
     torch.save(saved, tmp_path / "fits.cleanrl_model")
     done = run_python(
-        "-m", "cleanrl_utils.evaluation", str(tmp_path / "fits.cleanrl_model"), "--episodes", "2", "--json"
+        "-m", "cleanrl_utils.tools.evaluate", str(tmp_path / "fits.cleanrl_model"), "--episodes", "2", "--json"
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(json.loads(done.stdout)["episodic_returns"]) == 2
     older = saved | {"network_kwargs": settings | {"dueling": False, "noisy": False}}
     torch.save(older, tmp_path / "older.cleanrl_model")
-    done = run_python("-m", "cleanrl_utils.evaluation", str(tmp_path / "older.cleanrl_model"), "--episodes", "1")
+    done = run_python("-m", "cleanrl_utils.tools.evaluate", str(tmp_path / "older.cleanrl_model"), "--episodes", "1")
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "network settings" in done.stderr and "(dueling, noisy)" in done.stderr, done.stderr
     wrong = saved | {"state_dict": saved["state_dict"] | {"value.weight": torch.zeros(1, 512)}}
     torch.save(wrong, tmp_path / "wrong.cleanrl_model")
-    done = run_python("-m", "cleanrl_utils.evaluation", str(tmp_path / "wrong.cleanrl_model"), "--episodes", "1")
+    done = run_python("-m", "cleanrl_utils.tools.evaluate", str(tmp_path / "wrong.cleanrl_model"), "--episodes", "1")
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert f"does not fit algos/{name}.py's network" in done.stderr and "value.weight" in done.stderr, done.stderr
 
@@ -479,6 +479,6 @@ def test_each_ablation_saved_model_reevaluates(ablation_run):
     keys = set(saved["state_dict"])
     assert ("value.weight_mu" in keys or "value.weight" in keys) == kwargs["dueling"]
     assert any(k.endswith("_sigma") for k in keys) == kwargs["noisy"]
-    done = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "10", "--epsilon", "0", "--json")
+    done = run_python("-m", "cleanrl_utils.tools.evaluate", str(model), "--episodes", "10", "--epsilon", "0", "--json")
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout)["mean"] == 1.0  # the trained policy's optimum, as in the run's own evaluation

@@ -1,4 +1,4 @@
-"""The custom-algorithm template (algos/custom_value_atari.py) and its rules (cleanrl_utils/template_rules.py).
+"""The custom-algorithm template (algos/custom_value_atari.py) and its rules (cleanrl_utils/tools/template_rules.py).
 
 The template as shipped is algos/dqn.py to the number and learns a toy task; the QR-DQN example of
 docs/custom_algorithms.md (read from the page) matches a naive float64 loop and learns too; each rule
@@ -24,11 +24,11 @@ import pytest
 import torch
 from conftest import FAST_LEARNING, REPO, run_python, weights
 
-from cleanrl_utils import benchmark, results
+from cleanrl_utils.tools import benchmark, results
 from cleanrl_utils.buffer import ReplayBatch
 from cleanrl_utils.encoder import NATURE_CNN_PARAMETERS
-from cleanrl_utils.evaluation import load_algorithm
-from cleanrl_utils.template_rules import (
+from cleanrl_utils.tools.evaluate import load_algorithm
+from cleanrl_utils.tools.template_rules import (
     REFERENCE_ALGOS,
     TemplateRuleError,
     check_actions,
@@ -120,7 +120,7 @@ def test_shipped_template_learns_prints_the_standard_lines_and_its_model_reloads
     assert receipt["status"] == "finished" and receipt["algo"] == "custom_value_atari"
     # the saved QNetwork(envs) model is rebuilt by the evaluation command
     [model] = run_dir.glob("*.cleanrl_model")
-    again = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "4", "--epsilon", "0")
+    again = run_python("-m", "cleanrl_utils.tools.evaluate", str(model), "--episodes", "4", "--epsilon", "0")
     assert again.returncode == 0, again.stderr[-2000:]
     assert "Eval episodic_return: 1.0" in again.stdout
 
@@ -459,11 +459,11 @@ def test_shell_launcher_takes_a_copy_by_path(tmp_path):
 def test_many_runs_launcher_and_results_table_take_copies(tmp_path):
     copy_path = template_with(tmp_path, "my_algo")
     root = tmp_path / "grid"
-    args = ["-m", "cleanrl_utils.benchmark", "--algos", "custom_value_atari", str(copy_path), "--env-ids", BANDIT]
+    args = ["-m", "cleanrl_utils.tools.benchmark", "--algos", "custom_value_atari", str(copy_path), "--env-ids", BANDIT]
     done = run_python(*args, "--seeds", "1", "--workers", "2", "--run-dir", str(root), "--", *TINY, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "2 finished, 0 failed" in done.stdout
-    table = run_python("-m", "cleanrl_utils.results", str(root))
+    table = run_python("-m", "cleanrl_utils.tools.results", str(root))
     assert table.returncode == 0, table.stderr
     for algo in ("custom_value_atari", "my_algo"):
         assert re.search(rf"^\| {algo} \| 1 \| 60 \| ", table.stdout, re.M), table.stdout

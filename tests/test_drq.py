@@ -22,7 +22,7 @@ from conftest import REPO, assert_stopped_early, read_json, run_cases, run_pytho
 from test_script_losses import float64_parameters, nature_features
 
 from cleanrl_utils.buffer import ReplayBatch, ReplayBuffer
-from cleanrl_utils.evaluation import load_algorithm
+from cleanrl_utils.tools.evaluate import load_algorithm
 
 SCRIPT = REPO / "algos" / "drq.py"
 N_ACTIONS = 3
@@ -376,7 +376,7 @@ PUBLISHED = REPO / "benchmarks" / "atari100k_published.json"
 
 
 def test_the_published_file_has_the_26_games_and_the_papers_iqm():
-    from cleanrl_utils.results import load_published
+    from cleanrl_utils.tools.results import load_published
 
     published = load_published(PUBLISHED)
     assert len(published["games"]) == 26 and published["runs_per_game"] == 100
@@ -388,7 +388,7 @@ def test_the_published_file_has_the_26_games_and_the_papers_iqm():
 
 
 def test_the_results_table_lists_the_published_means_beside_ours(tmp_path, capsys):
-    from cleanrl_utils.results import main
+    from cleanrl_utils.tools.results import main
     from cleanrl_utils.scores import human_normalized_score
 
     for seed, score in ((1, 10.0), (2, 20.0)):
@@ -423,7 +423,7 @@ def test_the_saved_model_records_no_forced_steps_and_the_evaluation_command_play
     )
     for flags, forced in (([], False), (["--forced-steps"], True)):
         done = run_python(
-            "-m", "cleanrl_utils.evaluation", str(model), "--episodes", "1", "--epsilon", "1", "--json", *flags
+            "-m", "cleanrl_utils.tools.evaluate", str(model), "--episodes", "1", "--epsilon", "1", "--json", *flags
         )
         assert done.returncode == 0, done.stderr[-3000:]
         result = json.loads(done.stdout)
@@ -441,8 +441,8 @@ def test_the_evaluation_command_refuses_a_model_that_does_not_record_its_protoco
     torch.save(
         {**saved, "state_dict": drq.QNetwork(4).state_dict(), "env_id": "BreakoutNoFrameskip-v4", "n_actions": 4}, model
     )
-    done = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "1", "--epsilon", "1")
+    done = run_python("-m", "cleanrl_utils.tools.evaluate", str(model), "--episodes", "1", "--epsilon", "1")
     assert done.returncode == 2 and "--forced-steps" in done.stderr and "--no-forced-steps" in done.stderr, done.stderr
     assert "does not record its protocol" in done.stderr and "Traceback" not in done.stderr
-    done = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "1", "--no-forced-steps", "--json")
+    done = run_python("-m", "cleanrl_utils.tools.evaluate", str(model), "--episodes", "1", "--no-forced-steps", "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["forced_steps"] is False, done.stderr[-3000:]

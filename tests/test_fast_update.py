@@ -19,7 +19,7 @@ import torch
 from conftest import REPO
 
 from cleanrl_utils.buffer import ReplayBatch
-from cleanrl_utils.evaluation import load_algorithm
+from cleanrl_utils.tools.evaluate import load_algorithm
 
 ALGOS = ["dqn", "double_dqn", "c51", "qrdqn", "mdqn", "nc_qrdqn", "iqn", "rainbow"]
 N_ACTIONS, BATCH = 4, 32

@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import REPO
 
-from cleanrl_utils.evaluation import load_algorithm
+from cleanrl_utils.tools.evaluate import load_algorithm
 
 SCRIPT = REPO / "algos" / "iqn.py"
 iqn = load_algorithm(SCRIPT)

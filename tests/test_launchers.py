@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, check_evaluation, run_python
 from scipy import stats
 
-from cleanrl_utils.results import interquartile_mean, stratified_bootstrap_ci
+from cleanrl_utils.tools.results import interquartile_mean, stratified_bootstrap_ci
 
 TINY = ["--total-timesteps", "300", "--learning-starts", "100", "--buffer-size", "500", "--eval-episodes", "2"]
 TINY += ["--target-network-frequency", "100", "--device", "cpu"]
@@ -100,10 +100,10 @@ def test_the_atari100k_launcher_refuses_a_game_outside_the_26(tmp_path):
 def grid(tmp_path_factory):
     """A real 3-run grid on the toy tasks with 2 workers; one run fails on purpose."""
     root = tmp_path_factory.mktemp("grid")
-    args = ["-m", "cleanrl_utils.benchmark", "--algos", "dqn", "double_dqn", "--env-ids"]
+    args = ["-m", "cleanrl_utils.tools.benchmark", "--algos", "dqn", "double_dqn", "--env-ids"]
     args += ["tests.toy_envs:ImageBandit-v0", "--seeds", "1", "--workers", "2", "--run-dir", str(root)]
     first = run_python(*args, "--", *TINY, timeout=600)
-    crash = ["-m", "cleanrl_utils.benchmark", "--algos", "dqn", "--env-ids", "tests.toy_envs:CrashingBandit-v0"]
+    crash = ["-m", "cleanrl_utils.tools.benchmark", "--algos", "dqn", "--env-ids", "tests.toy_envs:CrashingBandit-v0"]
     crash += ["--seeds", "1", "--run-dir", str(root)]
     failing = run_python(*crash, "--", *TINY, timeout=600)
     again = run_python(*args, "--", *TINY, timeout=600)
@@ -134,7 +134,7 @@ def test_relaunching_skips_finished_runs(grid):
 
 def test_results_table_matches_the_evaluations(grid):
     root = grid[0]
-    done = run_python("-m", "cleanrl_utils.results", str(root))
+    done = run_python("-m", "cleanrl_utils.tools.results", str(root))
     assert done.returncode == 0, done.stderr
     for algo in ("dqn", "double_dqn"):
         [folder] = root.glob(f"tests.toy_envs_ImageBandit-v0__{algo}__1__*")
@@ -145,7 +145,7 @@ def test_results_table_matches_the_evaluations(grid):
 
 def test_plot_writes_png_and_svg(grid, tmp_path):
     pytest.importorskip("matplotlib")
-    done = run_python("-m", "cleanrl_utils.plot", str(grid[0]), "--out", str(tmp_path / "curves.png"))
+    done = run_python("-m", "cleanrl_utils.tools.plot", str(grid[0]), "--out", str(tmp_path / "curves.png"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert b"<svg" in (tmp_path / "curves.svg").read_bytes()[:1000]
@@ -161,14 +161,14 @@ def test_plot_writes_png_and_svg(grid, tmp_path):
     ],
 )
 def test_launcher_bad_input(args, message, tmp_path):
-    done = run_python("-m", "cleanrl_utils.benchmark", *args, "--run-dir", str(tmp_path))
+    done = run_python("-m", "cleanrl_utils.tools.benchmark", *args, "--run-dir", str(tmp_path))
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
 
 
 def test_ray_unreachable_address_is_a_clear_error(tmp_path):
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'value-atari[ray]')")
     args = ["--algos", "dqn", "--env-ids", "PongNoFrameskip-v4", "--seeds", "1", "--ray-address", "127.0.0.1:1"]
-    done = run_python("-m", "cleanrl_utils.benchmark", *args, "--run-dir", str(tmp_path), timeout=300)
+    done = run_python("-m", "cleanrl_utils.tools.benchmark", *args, "--run-dir", str(tmp_path), timeout=300)
     assert done.returncode == 2 and "--ray-address 127.0.0.1:1" in done.stderr
 
 
@@ -215,7 +215,7 @@ def test_relaunching_resumes_an_interrupted_run_from_its_checkpoint(tmp_path):
     [run_dir] = tmp_path.iterdir()
     assert json.loads((run_dir / "receipt.json").read_text())["status"] == "interrupted"
 
-    args = ["-m", "cleanrl_utils.benchmark", "--algos", "dqn", "--env-ids", "tests.toy_envs:ImageBandit-v0"]
+    args = ["-m", "cleanrl_utils.tools.benchmark", "--algos", "dqn", "--env-ids", "tests.toy_envs:ImageBandit-v0"]
     done = run_python(*args, "--seeds", "1", "--run-dir", str(tmp_path), "--", *TINY, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"resuming the unfinished run in {run_dir}" in done.stdout
@@ -227,7 +227,7 @@ def test_relaunching_resumes_an_interrupted_run_from_its_checkpoint(tmp_path):
 def test_ray_runs_a_tiny_grid_on_a_local_cluster(tmp_path):
     """Each run a Ray task on a real local Ray cluster (``--ray-address local`` starts one, as ray.init())."""
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'value-atari[ray]')")
-    args = ["-m", "cleanrl_utils.benchmark", "--algos", "dqn", "--env-ids", "tests.toy_envs:ImageBandit-v0"]
+    args = ["-m", "cleanrl_utils.tools.benchmark", "--algos", "dqn", "--env-ids", "tests.toy_envs:ImageBandit-v0"]
     args += ["--seeds", "1", "2", "--ray-address", "local", "--run-dir", str(tmp_path)]
     done = run_python(*args, "--", *TINY, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -143,7 +143,7 @@ def test_each_evaluation_plays_the_games_of_the_seeds_it_records(script, breakou
     [model] = run.dir.glob("*.cleanrl_model")
 
     def replay(game_seed: int) -> tuple[float, int]:
-        command = ["-m", "cleanrl_utils.evaluation", str(model), "--episodes", "1"]
+        command = ["-m", "cleanrl_utils.tools.evaluate", str(model), "--episodes", "1"]
         done = run_python(*command, "--epsilon", str(final["epsilon"]), "--seed", str(game_seed), timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         match = re.search(r"game 1/1: return (\S+), ([\d,]+) agent steps", done.stderr)

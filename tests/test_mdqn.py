@@ -14,7 +14,7 @@ from conftest import REPO, read_json, scalars
 from torch import nn
 
 from cleanrl_utils.buffer import ReplayBuffer
-from cleanrl_utils.evaluation import load_algorithm
+from cleanrl_utils.tools.evaluate import load_algorithm
 
 SCRIPT = REPO / "algos" / "mdqn.py"
 GAMMA, M_ALPHA, M_TAU, M_L0 = 0.97, 0.9, 0.03, -1.0

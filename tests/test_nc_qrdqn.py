@@ -16,7 +16,7 @@ from torch import nn
 
 from cleanrl_utils.buffer import ReplayBuffer
 from cleanrl_utils.encoder import check_encoder
-from cleanrl_utils.evaluation import load_algorithm
+from cleanrl_utils.tools.evaluate import load_algorithm
 
 SCRIPT = REPO / "algos" / "nc_qrdqn.py"
 GAMMA = 0.97

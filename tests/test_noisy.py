@@ -12,7 +12,7 @@ import torch
 from conftest import REPO
 from torch import nn
 
-from cleanrl_utils.evaluation import load_algorithm
+from cleanrl_utils.tools.evaluate import load_algorithm
 
 rainbow = load_algorithm(REPO / "algos" / "rainbow.py")  # the layer lives in the script that uses it
 NoisyLinear, mean_sigma, reset_noise = rainbow.NoisyLinear, rainbow.mean_sigma, rainbow.reset_noise

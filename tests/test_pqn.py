@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import REPO, read_json, run_python, run_script, weights
 
-from cleanrl_utils.evaluation import load_algorithm
+from cleanrl_utils.tools.evaluate import load_algorithm
 
 pqn = load_algorithm(REPO / "algos" / "pqn.py")
 

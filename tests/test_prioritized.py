@@ -17,7 +17,7 @@ from conftest import REPO
 from scipy.stats import chi2
 from test_buffer import FRAME, STACK, RandomStreams, fill, naive_n_step
 
-from cleanrl_utils.evaluation import load_algorithm
+from cleanrl_utils.tools.evaluate import load_algorithm
 
 rainbow = load_algorithm(REPO / "algos" / "rainbow.py")  # the buffer lives in the script that uses it
 PrioritizedReplayBuffer, SumTree = rainbow.PrioritizedReplayBuffer, rainbow.SumTree

@@ -18,7 +18,7 @@ import torch
 from conftest import REPO, run_python
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from cleanrl_utils.evaluation import load_algorithm
+from cleanrl_utils.tools.evaluate import load_algorithm
 from cleanrl_utils.run import Run
 
 BANDIT = "tests.toy_envs:ImageBandit-v0"
@@ -265,7 +265,7 @@ def saved_model(tmp_path_factory) -> Path:
 
 
 def test_evaluation_command_shows_each_game_then_a_readable_summary(saved_model):
-    done = run_python("-m", "cleanrl_utils.evaluation", str(saved_model), "--episodes", "3", "--epsilon", "1",
+    done = run_python("-m", "cleanrl_utils.tools.evaluate", str(saved_model), "--episodes", "3", "--epsilon", "1",
                       "--seed", "7")  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     games = re.findall(r"^game (\d)/3: return (\S+), 1 agent steps, \d+\.\ds$", done.stderr, re.M)
@@ -281,7 +281,7 @@ def test_evaluation_command_shows_each_game_then_a_readable_summary(saved_model)
 
 
 def test_evaluation_command_prints_the_raw_result_with_json(saved_model):
-    done = run_python("-m", "cleanrl_utils.evaluation", str(saved_model), "--episodes", "4", "--json")
+    done = run_python("-m", "cleanrl_utils.tools.evaluate", str(saved_model), "--episodes", "4", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     [line] = done.stdout.splitlines()
     result = json.loads(line)
@@ -292,7 +292,7 @@ def test_evaluation_command_prints_the_raw_result_with_json(saved_model):
 
 
 def test_evaluation_help_explains_every_flag():
-    done = run_python("-m", "cleanrl_utils.evaluation", "--help")
+    done = run_python("-m", "cleanrl_utils.tools.evaluate", "--help")
     assert done.returncode == 0
     text = " ".join(done.stdout.split())  # argparse wraps lines
     for flag, words in {
@@ -316,12 +316,12 @@ def test_evaluation_help_explains_every_flag():
     ],
 )
 def test_evaluation_command_bad_input(saved_model, flags, words):
-    done = run_python("-m", "cleanrl_utils.evaluation", str(saved_model), *flags)
+    done = run_python("-m", "cleanrl_utils.tools.evaluate", str(saved_model), *flags)
     assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def test_evaluation_command_refuses_a_missing_model(tmp_path):
-    done = run_python("-m", "cleanrl_utils.evaluation", str(tmp_path / "nothing.cleanrl_model"))
+    done = run_python("-m", "cleanrl_utils.tools.evaluate", str(tmp_path / "nothing.cleanrl_model"))
     assert done.returncode == 2 and "no such file" in done.stderr and "Traceback" not in done.stderr
 
 

@@ -18,7 +18,7 @@ import torch
 from conftest import REPO, scalars
 from test_c51 import SUPPORT, breakout_frames, delayed_image_states
 
-from cleanrl_utils.evaluation import load_algorithm
+from cleanrl_utils.tools.evaluate import load_algorithm
 
 SCRIPT = REPO / "algos" / "rainbow.py"
 rainbow = load_algorithm(SCRIPT)

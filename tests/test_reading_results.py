@@ -13,8 +13,8 @@ import pytest
 from conftest import run_python
 from torch.utils.tensorboard import SummaryWriter
 
-from cleanrl_utils.plot import collect, lines, steps_label
-from cleanrl_utils.results import choose_runs, final_evaluations, run_records
+from cleanrl_utils.tools.plot import collect, lines, steps_label
+from cleanrl_utils.tools.results import choose_runs, final_evaluations, run_records
 
 ENV_ID = "BreakoutNoFrameskip-v4"
 
@@ -95,21 +95,21 @@ def test_with_all_runs_partial_runs_are_drawn_alone_to_their_own_end(runs):
 def test_plot_command_lists_what_it_left_out_and_the_picture_says_so(runs, tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "curves.png"
-    done = run_python("-m", "cleanrl_utils.plot", str(runs["root"]), "--out", str(out), timeout=120)
+    done = run_python("-m", "cleanrl_utils.tools.plot", str(runs["root"]), "--out", str(out), timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("left out: ") == 3 and f"left out: {runs['interrupted']}: unfinished at" in done.stdout
     svg = out.with_suffix(".svg").read_text()
     assert "dqn (1 seed)" in svg and "double_dqn (2 seeds)" in svg and "3 seeds" not in svg
     assert "random play" in svg  # Breakout's random score, where a return curve starts from
     assert "Not drawn: 3 run(s), unfinished, much shorter, or an older run of a seed" in " ".join(svg.split())
-    again = run_python("-m", "cleanrl_utils.plot", str(runs["root"]), "--out", str(out), "--all-runs", timeout=120)
+    again = run_python("-m", "cleanrl_utils.tools.plot", str(runs["root"]), "--out", str(out), "--all-runs", timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
     svg = out.with_suffix(".svg").read_text()
     assert "dqn seed 1: unfinished at step 1,277" in svg and "Not drawn" not in svg and "Dashed: a single run" in svg
 
 
 def test_results_count_seeds_by_seed_and_list_what_they_left_out(runs):
-    done = run_python("-m", "cleanrl_utils.results", str(runs["root"]))
+    done = run_python("-m", "cleanrl_utils.tools.results", str(runs["root"]))
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"^\| dqn \| 1 \| 100000 \| 20\.00 \+- 0\.00 \| 0\.635 \|$", done.stdout, re.M), done.stdout
     assert re.search(r"^\| double_dqn \| 2 \| 100000 \| 12\.00 \+- 2\.00 \|", done.stdout, re.M), done.stdout
@@ -117,7 +117,7 @@ def test_results_count_seeds_by_seed_and_list_what_they_left_out(runs):
     assert f"- {runs['old']}: older run of seed 1 ({runs['new'].name} is used)" in left_out
     assert f"- {runs['interrupted']}: unfinished at step 1,277 (status: interrupted)" in left_out
     assert f"- {runs['short']}: only 10,000 of 100,000 steps" in left_out
-    everything = run_python("-m", "cleanrl_utils.results", str(runs["root"]), "--all-runs")
+    everything = run_python("-m", "cleanrl_utils.tools.results", str(runs["root"]), "--all-runs")
     assert "| double_dqn seed 3: only 10,000 of 100,000 steps | 1 | 10000 | 2.00 +- 0.00 |" in (everything.stdout)
     assert re.search(r"^\| double_dqn \| 2 \| 100000 \| 12\.00 \+- 2\.00 \|", everything.stdout, re.M)
     assert f"{runs['interrupted']}: no evaluation yet" in everything.stdout  # it stopped before its first

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from conftest import REPO
 from test_rainbow import naive_projection
 
-from cleanrl_utils.evaluation import load_algorithm
+from cleanrl_utils.tools.evaluate import load_algorithm
 
 N_ACTIONS = 3
 ACTIONS = [2, 0, 1, 2]  # flipped: [2, 1, 0, 2]; every action taken

@@ -189,7 +189,7 @@ def test_breakout_saved_model_plays_with_the_evaluation_command(script, breakout
     model = breakout_run(script).dir / f"{script}.cleanrl_model"
     saved = torch.load(model, map_location="cpu", weights_only=True)
     assert saved["n_actions"] == 4 and saved["env_id"] == "BreakoutNoFrameskip-v4"
-    done = run_python("-m", "cleanrl_utils.evaluation", str(model), "--episodes", "1", "--epsilon", "0.05")
+    done = run_python("-m", "cleanrl_utils.tools.evaluate", str(model), "--episodes", "1", "--epsilon", "0.05")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Eval episodic_return:" in done.stdout
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from cleanrl_utils.buffer import ReplayBuffer
-from cleanrl_utils.evaluation import load_algorithm
+from cleanrl_utils.tools.evaluate import load_algorithm
 
 ALGOS = Path(__file__).resolve().parents[1] / "algos"
 GAMMA = 0.97

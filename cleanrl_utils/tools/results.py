@@ -1,6 +1,6 @@
 """Score tables from run folders: per game and algorithm, and the aggregate IQM.
 
-    python -m cleanrl_utils.results runs/
+    python -m cleanrl_utils.tools.results runs/
 
 For each game and algorithm: the final evaluation's mean, mean +- std over seeds, and the
 human-normalized score. Then the interquartile mean (IQM) of human-normalized scores with a
@@ -232,7 +232,7 @@ def aggregate(records: list[dict], published: dict[str, Any] | None = None) -> l
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cleanrl_utils.results", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m cleanrl_utils.tools.results", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_root", help="a folder of run folders (e.g. runs/)")
     parser.add_argument(
         "--all-runs",

@@ -1,13 +1,13 @@
 """Learning curves from run folders' TensorBoard events.
 
-    python -m cleanrl_utils.plot runs/ --out curves.png
+    python -m cleanrl_utils.tools.plot runs/ --out curves.png
 
 One panel per game, one line per algorithm: the mean over seeds of the (smoothed) training
 episodic return, with a band of +- one standard deviation, against agent steps, and the random
 agent's score (DQN Zoo's table) as a dotted line on return plots. Writes the PNG
 and an SVG beside it. Needs matplotlib (``pip install 'value-atari[plot]'``).
 
-The runs drawn are chosen as ``cleanrl_utils.results`` chooses them: one per seed (the newest finished),
+The runs drawn are chosen as ``cleanrl_utils.tools.results`` chooses them: one per seed (the newest finished),
 whole runs only; unfinished and much shorter runs are listed and left out (the figure says how many),
 or with ``--all-runs`` drawn alone, dashed, to their own end.
 """
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from cleanrl_utils.results import choose_runs, run_records
 from cleanrl_utils.scores import REFERENCE_SCORES
+from cleanrl_utils.tools.results import choose_runs, run_records
 
 
 def steps_label(value: float, _position: Any = None) -> str:
@@ -156,7 +156,7 @@ def plot(drawn: list[Line], out: Path, tag: str, left_out: int = 0) -> list[Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cleanrl_utils.plot", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m cleanrl_utils.tools.plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_root", help="a folder of run folders (e.g. runs/)")
     parser.add_argument("--out", default="curves.png", help="the PNG to write; an SVG is written beside it")
     parser.add_argument("--tag", default="charts/episodic_return", help="the TensorBoard scalar to plot")

@@ -1,6 +1,6 @@
 """Run a grid of algorithms x games x seeds, locally in a pool of processes or on a Ray cluster.
 
-    python -m cleanrl_utils.benchmark --algos dqn qrdqn --env-ids PongNoFrameskip-v4 \\
+    python -m cleanrl_utils.tools.benchmark --algos dqn qrdqn --env-ids PongNoFrameskip-v4 \\
         --seeds 1 2 3 --workers 2 -- --total-timesteps 1000000
 
 Each run's output goes to its own log file; runs whose ``receipt.json`` says ``finished`` are
@@ -238,7 +238,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(
-        prog="python -m cleanrl_utils.benchmark",
+        prog="python -m cleanrl_utils.tools.benchmark",
         description="Run algorithms x games x seeds; flags after -- go to every run.",
     )
     parser.add_argument(

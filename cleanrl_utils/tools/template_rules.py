@@ -8,15 +8,11 @@ checks refuse", "The parameter budget") lists the rules, what each refuses and h
 from __future__ import annotations
 
 import copy
-import functools
 import math
 import numbers
 from collections.abc import Iterator
-from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
@@ -41,37 +37,28 @@ class TemplateRuleError(ValueError):
         return type(self), (self.message, self.status)
 
 
-# The reference scripts (algos/NAME.py) whose heads set the default budget; tests/test_custom.py checks that
-# every script in algos/ but copies of the template is listed, so a new reference algorithm cannot outgrow it.
-# pqn.py is not: its encoder is the declared LayerNorm variant, and the budget counts heads over the plain one.
-REFERENCE_ALGOS = ("dqn", "double_dqn", "mdqn", "c51", "qrdqn", "nc_qrdqn", "iqn", "rainbow", "drq")
-ALGOS_DIR = Path(__file__).resolve().parents[1] / "algos"
-
-
-@functools.cache  # functools.lru_cache without a bound: each script imported once
-def _reference_network(name: str) -> type[nn.Module]:
-    from cleanrl_utils.evaluation import load_algorithm  # imports a script without running its main block
-
-    return load_algorithm(ALGOS_DIR / f"{name}.py").QNetwork
-
-
-@functools.cache  # one entry per action count; callers get a copy
-def _reference_heads(n_actions: int) -> dict[str, int]:
-    saved = random_state()  # building the networks draws their initial weights: the run's generators stay as they were
-    try:
-        heads = {}
-        for name in REFERENCE_ALGOS:
-            network = _reference_network(name)(n_actions)  # the script's default settings
-            heads[name] = sum(p.numel() for p in network.parameters() if p.requires_grad) - NATURE_CNN_PARAMETERS
-    finally:
-        set_random_state(saved)
-    return heads
+# The trained parameters of each reference script's head (its QNetwork at its default settings, beyond the Nature
+# encoder) for A actions: per_action * A + fixed. A constant, so that no script is loaded at run time;
+# tests/test_custom.py builds every script's network and holds this table equal to it (and checks that every script
+# in algos/ but copies of the template is listed, so a new reference algorithm cannot outgrow the budget). pqn.py is
+# not: its encoder is the declared LayerNorm variant, and the budget counts heads over the plain one.
+REFERENCE_HEADS = {  # script: (per_action, fixed)
+    "dqn": (513, 0),  # linear 512 -> A
+    "double_dqn": (513, 0),
+    "mdqn": (513, 0),
+    "c51": (26_163, 0),  # 51 atoms per action
+    "qrdqn": (102_600, 0),  # 200 quantiles per action
+    "nc_qrdqn": (103_626, 0),  # 200 quantile increments and the scale and shift per action
+    "iqn": (513, 295_936),  # the 64-cosine embedding of tau, and the linear head
+    "rainbow": (52_326, 52_326),  # noisy dueling: a value and an advantage stream of 51 atoms
+    "drq": (513, 513),  # dueling: a value and an advantage stream
+}
 
 
 def reference_heads(n_actions: int) -> dict[str, int]:
     """The trained parameters of each reference script's ``QNetwork(n_actions)`` (its default settings)
-    beyond the Nature encoder's, by script name; counted from the scripts themselves, once per ``n_actions``."""
-    return dict(_reference_heads(n_actions))
+    beyond the Nature encoder's, by script name."""
+    return {name: per_action * n_actions + fixed for name, (per_action, fixed) in REFERENCE_HEADS.items()}
 
 
 def largest_reference_head(n_actions: int) -> tuple[str, int]:
@@ -331,11 +318,6 @@ class ValueAlgorithmBase:
             setattr(self, name, state[name])
 
 
-def network_spec(n_actions: int) -> Any:
-    """What ``QNetwork(envs)`` reads from ``envs``, for rebuilding a saved network without environments."""
-    return SimpleNamespace(single_action_space=gym.spaces.Discrete(n_actions), n_actions=n_actions, num_envs=1)
-
-
 def check_algorithm(
     algorithm: Any,
     q_network_class: type,
@@ -361,7 +343,7 @@ def check_algorithm(
     if not isinstance(q_network, q_network_class):
         raise TemplateRuleError(
             f"ValueAlgorithm.q_network is a {type(q_network).__name__}, not a QNetwork; set "
-            "`self.q_network = QNetwork(envs).to(device)`: evaluation plays with it",
+            "`self.q_network = QNetwork(envs.n_actions).to(device)`: evaluation plays with it",
             "invalid algorithm",
         )
     saved = copy.deepcopy(algorithm.state_dict())
