@@ -4,10 +4,7 @@
 # FIXED (arguments, environments, replay, exploration schedule, loop, logging, evaluation) is what every
 # algorithm shares, and cleanrl_utils.tools.template_rules checks the rules at start-up. As shipped: DQN, as algos/dqn.py.
 import os
-import random
-import signal
 import sys
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,24 +13,11 @@ import torch.nn as nn
 import torch.nn.functional as F  # noqa: F401 (the shipped DQN uses it; your block may not)
 import torch.optim as optim
 import tyro
-from cleanrl_utils.run_flags import RunFlags
 
-from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
-from cleanrl_utils.checkpoint import (
-    CheckpointError,
-    StopFlag,
-    find_checkpoint,
-    load_parts,
-    parts_state,
-    resume_args,
-    save_checkpoint,
-)
-from cleanrl_utils.checks import CpuThreads, check_memory, fail, pick_buffer_device, pick_device, validate_common_args
+from cleanrl_utils.buffer import ReplayBuffer
 from cleanrl_utils.encoder import NatureCNN
-from cleanrl_utils.envs import OBSERVATION_SHAPE, EnvIdError, TrainEnvs, check_env_id
-from cleanrl_utils.evaluation import evaluate
-from cleanrl_utils.random_state import random_state, set_random_state
-from cleanrl_utils.run import Run, nonfinite
+from cleanrl_utils.envs import OBSERVATION_SHAPE, TrainEnvs
+from cleanrl_utils.run import Run, RunFlags
 from cleanrl_utils.tools.template_rules import (
     TemplateRuleError,
     ValueAlgorithmBase,
@@ -110,19 +94,20 @@ class Args(RunFlags):  # + the shared flags for running: threads, run folder, ch
 
 
 # ======================= EDITABLE: your algorithm (everything else is FIXED) =======================
-# QNetwork(envs): a head over the fixed Nature encoder (512 features); forward(x) -> (batch, n_actions)
-# Q-values, which evaluation acts on greedily. ValueAlgorithm(envs, device, args): owns the networks
+# QNetwork(n_actions): a head over the fixed Nature encoder (512 features); forward(x) -> (batch, n_actions)
+# Q-values, which evaluation acts on greedily. ValueAlgorithm(envs, run, args): owns the networks
 # (freeze target networks with .requires_grad_(False): every parameter that requires gradients counts
 # against the budget) and the optimizer; select_action(obs, epsilon) -> one integer action per
 # environment; update(batch, global_step) -> dict of metrics with at least td_loss and q_values (floats or
 # one-element tensors: loss.detach() spares the GPU a wait at every update); update_target_network(tau), which
 # the loop calls each time the step passes a multiple of --target-network-frequency (a pass if you have none).
-# batch: observations, actions, rewards, next_observations, dones (tensors on the device).
+# batch: observations, actions, rewards, next_observations, dones (tensors on the device). run.device is the
+# training device; run.fast(networks) and fused=run.fused are --fast's speed-ups.
 class QNetwork(nn.Module):
-    def __init__(self, envs):
+    def __init__(self, n_actions: int):
         super().__init__()
         self.encoder = NatureCNN()
-        self.head = nn.Linear(512, envs.single_action_space.n)
+        self.head = nn.Linear(512, n_actions)
 
     def forward(self, x):
         return self.head(self.encoder(x))
@@ -131,18 +116,15 @@ class QNetwork(nn.Module):
 class ValueAlgorithm(ValueAlgorithmBase):
     """DQN (Mnih et al. 2015): MSE TD loss towards r + gamma * max_a' Q_target(s', a')."""
 
-    def __init__(self, envs, device, args):
-        self.args, self.device = args, device
-        self.n_actions = envs.single_action_space.n
-        self.q_network = QNetwork(envs).to(device)
-        self.target_network = QNetwork(envs).to(device).requires_grad_(False)
+    def __init__(self, envs, run, args):
+        self.args, self.device = args, run.device
+        self.n_actions = envs.n_actions
+        self.q_network = QNetwork(envs.n_actions).to(self.device)
+        self.target_network = QNetwork(envs.n_actions).to(self.device).requires_grad_(False)
         self.target_network.load_state_dict(self.q_network.state_dict())
-        if args.fast and device.type == "cpu":  # --fast: channels-last convolutions, which oneDNN runs faster on CPU
-            self.q_network.to(memory_format=torch.channels_last)
-            self.target_network.to(memory_format=torch.channels_last)
-        fused = args.fast and device.type in ("cpu", "cuda")  # --fast: Adam's fused kernel (None: torch's default)
+        run.fast(self.q_network, self.target_network)  # --fast: channels-last convolutions on CPU
         self.optimizer = optim.Adam(
-            self.q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=fused or None
+            self.q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=run.fused
         )
         self.rng = np.random.default_rng(args.seed)  # the acting generator, seeded as algos/dqn.py's loop's
 
@@ -181,77 +163,33 @@ def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
     return max(slope * t + start_e, end_e)
 
 
+def check_args(args: Args) -> str | None:
+    """the template's own flag (the shared ones are checked by the run): what is wrong, or None"""
+    if args.parameter_budget is not None and args.parameter_budget <= 0:
+        return f"--parameter-budget {args.parameter_budget} must be a positive integer (or left out for the default)"
+    return None
+
+
 # FIXED: everything below
 if __name__ == "__main__":
-    setup_start = time.perf_counter()
     args = tyro.cli(Args)
-    try:  # --resume: the run's newest checkpoint and its own settings; a bad checkpoint stops here
-        checkpoint = find_checkpoint(args.resume, __file__) if args.resume else None
-        args = resume_args(args, checkpoint) if checkpoint else args
-    except CheckpointError as error:
-        fail(str(error))
-    validate_common_args(args)
-    cpu_threads = CpuThreads(args.torch_threads)  # fewer torch threads while other processes hold cores
-    torch.set_num_threads(cpu_threads.choose())
-    if not (np.isfinite(args.adam_eps) and args.adam_eps > 0):
-        fail(f"--adam-eps {args.adam_eps} must be > 0 and finite (this script's default: {Args.adam_eps})")
-    if args.parameter_budget is not None and args.parameter_budget <= 0:
-        fail(f"--parameter-budget {args.parameter_budget} must be a positive integer (or left out for the default)")
-    try:
-        check_env_id(args.env_id)
-    except EnvIdError as error:
-        fail(str(error))
-    device = pick_device(args.device)
-    buffer_device = pick_buffer_device(args.buffer_device, device)  # --buffer-device cuda: frames on the GPU
-    check_memory(args.buffer_size, bytes_per_transition(), buffer_device)
+    run = Run(args, __file__, check_args)  # --resume, the checks, device, threads, seeding, signals
+    device = run.device
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-
-    try:
-        envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed)
-    except EnvIdError as error:
-        fail(str(error))
-    algorithm = ValueAlgorithm(envs, device, args)
+    envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed)
+    algorithm = ValueAlgorithm(envs, run, args)
     # the rules: unmodified encoder, parameter budget, Q-values and actions of the right shape (tried on blank
     # frames: the games are reset once, below, as algos/dqn.py resets them)
     blank = np.zeros((args.num_envs, *OBSERVATION_SHAPE), dtype=np.uint8)
     try:
         q_network = check_algorithm(algorithm, QNetwork, envs, blank, device, args.parameter_budget)
     except TemplateRuleError as error:  # before the run folder exists: nothing to close
-        fail(str(error))
-    rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed, storage_device=buffer_device)
-    run = Run(args, __file__, device, checkpoint)  # the run folder appears once everything is allocated
-    parts = {"algorithm": algorithm}  # its networks, optimizers, generators and counters (ValueAlgorithmBase)
-    stop = StopFlag("finishing the current step, then writing a checkpoint (signal again to exit at once)")
-    signal.signal(signal.SIGINT, stop.set)  # the loop reads stop.requested at the end of each step
-    signal.signal(signal.SIGTERM, stop.set)
-    run.timings["setup"] += time.perf_counter() - setup_start
+        sys.exit(f"error: {error}")
+    rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed, storage_device=run.buffer_device)
+    # what the run owns, declared once: a checkpoint saves it and --resume puts it back
+    obs, global_step = run.own(envs, rb, policy=q_network, algorithm=algorithm)  # its networks, optimizers, ...
 
-    learning_starts = args.learning_starts  # agent steps of random play before the first update
-    if checkpoint is None:
-        obs, global_step, update_credit = envs.reset(), 0, 0
-    else:  # where the checkpoint left off: everything the loop owns, put back
-        state = checkpoint.state
-        load_parts(parts, state)  # networks, optimizer, the acting generator
-        set_random_state(state["random"])  # Python's, NumPy's and torch's generators
-        global_step, update_credit = state["global_step"], state["update_credit"]
-        replay = checkpoint.replay()  # None unless the run had --checkpoint-buffer
-        if replay is not None:
-            rb.load_state_dict(replay)
-        if state["games"] is not None:  # games that can be saved (the tests' toy games) continue
-            envs.load_state_dict(state["games"])
-            obs = state["obs"]
-        else:  # Atari games cannot be saved: new ones, seeded apart from the first run's
-            envs.seed = args.seed + 1_000_003 * (len(state["run"]["resumes"]) + 1)
-            obs = envs.reset()
-            rb.cut_episodes()  # the stored games end there: their last transitions bootstrap
-        run.resumed(checkpoint, replay_restored=replay is not None, games_restored=state["games"] is not None)
-        if replay is None:  # an empty replay memory refills before learning again
-            learning_starts += global_step
-    metrics = None  # the latest update's metrics (tensors), read when logged
+    metrics = None  # the latest update's metrics (tensors), read every 1000 steps
     while global_step < args.total_timesteps:
         previous_step = global_step
         epsilon = linear_schedule(
@@ -261,114 +199,32 @@ if __name__ == "__main__":
             try:
                 actions = check_actions(algorithm.select_action(obs, epsilon), args.num_envs, envs.n_actions)
             except TemplateRuleError as error:  # the receipt says failed: invalid actions
-                run.close(status=f"failed: {error.status}")
-                fail(str(error))
-        with run.timed("environment"):
-            envs.send(actions)  # the games step in their own threads while the learner updates, below
+                run.record.close(status=f"failed: {error.status}")
+                sys.exit(f"error: {error}")
+        envs.send(actions)  # the games step in their own threads while the learner updates, below
         global_step += args.num_envs
-        run.counts["env_steps"] = global_step
 
-        if global_step > learning_starts:
-            update_credit += args.num_envs
-            while update_credit >= args.train_frequency:  # one update per train_frequency agent steps
-                update_credit -= args.train_frequency
+        if global_step > run.learning_starts:
+            # one update per train_frequency agent steps, whatever the number of environments
+            for _ in range(global_step // args.train_frequency - previous_step // args.train_frequency):
                 with run.timed("learning"):
                     data = rb.sample(args.batch_size)
                     metrics = algorithm.update(data, global_step)
                     try:
-                        metrics = check_metrics(metrics, global_step, sync=run.counts["gradient_updates"] == 0)
+                        metrics = check_metrics(metrics, global_step, sync=run.record.counts["gradient_updates"] == 1)
                     except TemplateRuleError as error:  # e.g. failed: non-finite metrics
-                        run.close(status=f"failed: {error.status}")
-                        fail(str(error))
-                run.counts["gradient_updates"] += 1
-
-            if global_step // 1000 > previous_step // 1000 and metrics is not None:
-                values = run.train_metrics(global_step, metrics)  # the only host synchronisation of the loop
-                bad = nonfinite(values, q_network)
-                if bad:  # a non-finite loss or weights stop the run; the checkpoints written so far stay
-                    run.close(status=f"failed: non-finite {bad} at step {global_step}")
-                    sys.exit(f"error: non-finite {bad} at step {global_step}; stopping: {run.what_is_kept()}")
+                        run.record.close(status=f"failed: {error.status}")
+                        sys.exit(f"error: {error}")
 
             # update target network
             if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
                 algorithm.update_target_network(args.tau)
 
-        with run.timed("environment"):
-            step = envs.recv()
-        for _, episodic_return, length in step.episode_returns:
-            run.episode(global_step, episodic_return, length)
+        step = envs.recv()
         # the step after a game ends returns the reset observation: not a transition (mask)
         rb.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
-        run.counts["transitions_stored"] += int(step.mask.sum())
         obs = step.next_obs
+        if run.step(global_step, obs, step, epsilon, metrics):  # log, evaluate, checkpoint when due; True: stop
+            break
 
-        if global_step // 100 > previous_step // 100:
-            sps = run.recent_sps(global_step)  # steps/s over the last minute, this process's steps only
-            torch.set_num_threads(cpu_threads.choose())  # re-read every 5 s
-            run.scalar("charts/SPS", int(sps), global_step)
-            run.scalar("charts/epsilon", epsilon, global_step)
-            run.show_progress(global_step, args.total_timesteps, sps)
-
-        if (
-            args.eval_every
-            and global_step // args.eval_every > previous_step // args.eval_every
-            and global_step < args.total_timesteps
-        ):
-            with run.timed("evaluation"):
-                result = evaluate(
-                    q_network,
-                    args.env_id,
-                    envs.n_actions,
-                    device,
-                    args.eval_episodes,
-                    args.eval_epsilon,
-                    seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
-                    video_path=run.video_path(global_step),
-                )
-            run.evaluation(global_step, result)
-            run.write_receipt()
-
-        every = args.checkpoint_every
-        periodic = every and global_step // every > previous_step // every and global_step < args.total_timesteps
-        if periodic or stop.requested:  # every --checkpoint-every steps, and after SIGINT/SIGTERM
-            with run.timed("checkpoint"):
-                state = {
-                    **parts_state(parts),
-                    "random": random_state(),
-                    "global_step": global_step,
-                    "update_credit": update_credit,
-                    "obs": obs,
-                    "games": envs.state_dict() if envs.games_can_be_saved else None,
-                    **run.state_dict(),  # the algorithm, its arguments, the record so far
-                }
-                replay = rb.state_dict() if args.checkpoint_buffer else None
-                path = save_checkpoint(run.dir / "checkpoints", global_step, state, replay, args.checkpoint_keep)
-            run.checkpoint_written(path, global_step)
-            if stop.requested:
-                run.close(status="interrupted")
-                where = f"{os.path.relpath(__file__)} --resume {run.dir}"
-                run.print(f"stopped at step {global_step} by {stop.requested}; resume with: python {where}")
-                sys.exit(0)
-
-    stop.message = (
-        f"training is done (step {global_step}); the final evaluation goes on to its end"
-        f"{' and the model is saved' if args.save_model else ''}, then the run ends as finished; no checkpoint is "
-        "written (signal again to exit at once, without the final evaluation)"
-    )
-    run.print(f"training done at step {global_step}; final evaluation of {args.eval_episodes} games")
-    with run.timed("evaluation"):
-        result = evaluate(
-            q_network,
-            args.env_id,
-            envs.n_actions,
-            device,
-            args.eval_episodes,
-            args.eval_epsilon,
-            seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
-            video_path=run.video_path(global_step),
-        )
-    run.evaluation(global_step, result, final=True)
-    if args.save_model:
-        run.save_model(q_network, envs.n_actions)
-    envs.close()
-    run.close()
+    sys.exit(run.finish())  # the final evaluation, the saved model, the closed record (or the stop's message)

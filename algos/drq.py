@@ -4,10 +4,7 @@
 # random shifts (4-pixel edge padding) plus intensity noise on s and s' of every sampled batch, each sample its own
 # draw. The network is the fixed Nature encoder and a dueling head; settings and sources in docs/algorithms.md.
 import os
-import random
-import signal
 import sys
-import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,24 +14,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 import tyro
-from cleanrl_utils.run_flags import RunFlags
 
-from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
-from cleanrl_utils.checkpoint import (
-    CheckpointError,
-    StopFlag,
-    find_checkpoint,
-    load_parts,
-    parts_state,
-    resume_args,
-    save_checkpoint,
-)
-from cleanrl_utils.checks import CpuThreads, check_memory, fail, pick_buffer_device, pick_device, validate_common_args
-from cleanrl_utils.encoder import NatureCNN, check_encoder
-from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
-from cleanrl_utils.evaluation import evaluate
-from cleanrl_utils.random_state import random_state, set_random_state
-from cleanrl_utils.run import Run, nonfinite
+from cleanrl_utils.buffer import ReplayBuffer
+from cleanrl_utils.encoder import NatureCNN
+from cleanrl_utils.envs import TrainEnvs
+from cleanrl_utils.run import Run, RunFlags
 
 
 @dataclass
@@ -180,92 +164,47 @@ def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
     return max(slope * t + start_e, end_e)
 
 
-if __name__ == "__main__":
-    setup_start = time.perf_counter()
-    args = tyro.cli(Args)
-    try:  # --resume: the run's newest checkpoint and its own settings; a bad checkpoint stops here
-        checkpoint = find_checkpoint(args.resume, __file__) if args.resume else None
-        args = resume_args(args, checkpoint) if checkpoint else args
-    except CheckpointError as error:
-        fail(str(error))
-    validate_common_args(args)
-    cpu_threads = CpuThreads(args.torch_threads)  # fewer torch threads while other processes hold cores
-    torch.set_num_threads(cpu_threads.choose())
-    if not (np.isfinite(args.adam_eps) and args.adam_eps > 0):
-        fail(f"--adam-eps {args.adam_eps} must be > 0 and finite (this script's default: {Args.adam_eps})")
+def check_args(args: Args) -> str | None:
+    """this script's own flags (the shared ones are checked by the run): what is wrong, or None"""
     if args.n_step < 1:
-        fail(f"--n-step {args.n_step} must be a positive integer (1: one-step returns; DrQ(eps) uses 10)")
+        return f"--n-step {args.n_step} must be a positive integer (1: one-step returns; DrQ(eps) uses 10)"
     if args.augmentation_pad < 0:
-        fail(f"--augmentation-pad {args.augmentation_pad} must be >= 0 (0: no shift; DrQ uses 4)")
+        return f"--augmentation-pad {args.augmentation_pad} must be >= 0 (0: no shift; DrQ uses 4)"
     if not (np.isfinite(args.intensity_scale) and 0 <= args.intensity_scale < 0.5):
-        fail(
+        return (
             f"--intensity-scale {args.intensity_scale} must be in [0, 0.5), so that 1 + scale * clip(N(0, 1), -2, 2) "
             "stays positive (0: no intensity noise; DrQ uses 0.05)"
         )
-    try:
-        check_env_id(args.env_id)
-    except EnvIdError as error:
-        fail(str(error))
-    device = pick_device(args.device)
-    buffer_device = pick_buffer_device(args.buffer_device, device)  # --buffer-device cuda: frames on the GPU
-    check_memory(args.buffer_size, bytes_per_transition(), buffer_device)
+    return None
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
 
-    try:
-        envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed, forced_steps=args.forced_steps)
-    except EnvIdError as error:
-        fail(str(error))
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    run = Run(args, __file__, check_args)  # --resume, the checks, device, threads, seeding, signals
+    device = run.device
+
+    # --no-forced-steps (the default): nothing pressed for the agent, as Dopamine's Atari 100k runner
+    envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed, forced_steps=args.forced_steps)
     q_network = QNetwork(envs.n_actions).to(device)
-    check_encoder(q_network.encoder)
     target_network = QNetwork(envs.n_actions).to(device)
     target_network.load_state_dict(q_network.state_dict())
-    if args.fast and device.type == "cpu":  # --fast: channels-last convolutions, which oneDNN runs faster on CPU
-        q_network.to(memory_format=torch.channels_last)
-        target_network.to(memory_format=torch.channels_last)
-    fused = args.fast and device.type in ("cpu", "cuda")  # --fast: Adam's fused kernel (None: torch's default)
-    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=fused or None)
+    run.fast(q_network, target_network)  # --fast: channels-last convolutions on CPU
+    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=run.fused)
     buffer_kwargs = dict(
-        device=device, n_step=args.n_step, gamma=args.gamma, seed=args.seed, storage_device=buffer_device
+        device=device, n_step=args.n_step, gamma=args.gamma, seed=args.seed, storage_device=run.buffer_device
     )
     rb = ReplayBuffer(args.buffer_size, args.num_envs, **buffer_kwargs)
     rng = np.random.default_rng(args.seed)
-    run = Run(args, __file__, device, checkpoint)  # the run folder appears once everything is allocated
-    parts = {"q_network": q_network, "target_network": target_network, "optimizer": optimizer, "rng": rng}
-    stop = StopFlag("finishing the current step, then writing a checkpoint (signal again to exit at once)")
-    signal.signal(signal.SIGINT, stop.set)  # the loop reads stop.requested at the end of each step
-    signal.signal(signal.SIGTERM, stop.set)
-    run.timings["setup"] += time.perf_counter() - setup_start
-
-    learning_starts = args.learning_starts  # agent steps of random play before the first update
-    if checkpoint is None:
-        obs, global_step, update_credit = envs.reset(), 0, 0
-    else:  # where the checkpoint left off: everything the loop owns, put back
-        state = checkpoint.state
-        load_parts(parts, state)  # networks, optimizer, the acting generator
-        set_random_state(state["random"])  # Python's, NumPy's and torch's generators
-        global_step, update_credit = state["global_step"], state["update_credit"]
-        replay = checkpoint.replay()  # None unless the run had --checkpoint-buffer
-        if replay is not None:
-            rb.load_state_dict(replay)
-        if state["games"] is not None:  # games that can be saved (the tests' toy games) continue
-            envs.load_state_dict(state["games"])
-            obs = state["obs"]
-        else:  # Atari games cannot be saved: new ones, seeded apart from the first run's
-            envs.seed = args.seed + 1_000_003 * (len(state["run"]["resumes"]) + 1)
-            obs = envs.reset()
-            rb.cut_episodes()  # the stored games end there: their last transitions bootstrap
-        run.resumed(checkpoint, replay_restored=replay is not None, games_restored=state["games"] is not None)
-        if replay is None:  # an empty replay memory refills before learning again
-            learning_starts += global_step
+    # what the run owns, declared once: a checkpoint saves it and --resume puts it back
+    obs, global_step = run.own(
+        envs, rb, policy=q_network, q_network=q_network, target_network=target_network, optimizer=optimizer, rng=rng
+    )
     # synced after every update (one game, the period 1, tau 1: the reference's), the target equals the online network
     target_now = (
         q_network if (args.num_envs, args.target_network_frequency, args.tau) == (1, 1, 1.0) else target_network
     )
-    metrics = None  # the latest update's metrics (tensors), read when logged
+
+    metrics = None  # the latest update's metrics (tensors), read every 1000 steps
     while global_step < args.total_timesteps:
         previous_step = global_step
         epsilon = linear_schedule(  # start-e until learning starts, as the reference
@@ -281,118 +220,33 @@ if __name__ == "__main__":
                 with torch.no_grad():
                     q_values = q_network(torch.as_tensor(obs[greedy], device=device))
                 actions[greedy] = q_values.argmax(dim=1).cpu().numpy()
-        with run.timed("environment"):
-            envs.send(actions)  # the games step in their own threads while the learner updates, below
+        envs.send(actions)  # the games step in their own threads while the learner updates, below
         global_step += args.num_envs
-        run.counts["env_steps"] = global_step
 
-        if global_step > learning_starts:
-            update_credit += args.num_envs
-            while update_credit >= args.train_frequency:  # one update per train_frequency agent steps
-                update_credit -= args.train_frequency
+        if global_step > run.learning_starts:
+            # one update per train_frequency agent steps, whatever the number of environments
+            for _ in range(global_step // args.train_frequency - previous_step // args.train_frequency):
                 with run.timed("learning"):
                     data = rb.sample(args.batch_size)
                     if args.augmentation:  # DrQ: torch's CPU generator draws the shifts and scales (checkpointed)
                         data = augment_batch(data, args.augmentation_pad, args.intensity_scale)
                     loss, metrics = compute_loss(q_network, target_now, data, args)
-                    if args.on_nonfinite == "skip" and not torch.isfinite(loss):  # reads the loss: a host sync
-                        run.counts["skipped_updates"] += 1
+                    if run.skip(loss):  # --on-nonfinite skip: a non-finite loss is not applied
                         continue
                     optimizer.zero_grad()
                     loss.backward()
                     optimizer.step()
-                run.counts["gradient_updates"] += 1
-
-            if global_step // 1000 > previous_step // 1000 and metrics is not None:
-                values = run.train_metrics(global_step, metrics)  # the only host synchronisation of the loop
-                bad = nonfinite(values if args.on_nonfinite == "stop" else {}, q_network)
-                if bad:  # a non-finite loss or weights stop the run; the checkpoints written so far stay
-                    run.close(status=f"failed: non-finite {bad} at step {global_step}")
-                    sys.exit(f"error: non-finite {bad} at step {global_step}; stopping: {run.what_is_kept()}")
 
             # update target network
             if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
                 for target_param, q_param in zip(target_network.parameters(), q_network.parameters(), strict=True):
                     target_param.data.copy_(args.tau * q_param.data + (1.0 - args.tau) * target_param.data)
 
-        with run.timed("environment"):
-            step = envs.recv()
-        for _, episodic_return, length in step.episode_returns:
-            run.episode(global_step, episodic_return, length)
+        step = envs.recv()
         # the step after a game ends returns the reset observation: not a transition (mask)
         rb.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
-        run.counts["transitions_stored"] += int(step.mask.sum())
         obs = step.next_obs
+        if run.step(global_step, obs, step, epsilon, metrics):  # log, evaluate, checkpoint when due; True: stop
+            break
 
-        if global_step // 100 > previous_step // 100:
-            sps = run.recent_sps(global_step)  # steps/s over the last minute, this process's steps only
-            torch.set_num_threads(cpu_threads.choose())  # re-read every 5 s
-            run.scalar("charts/SPS", int(sps), global_step)
-            run.scalar("charts/epsilon", epsilon, global_step)
-            run.show_progress(global_step, args.total_timesteps, sps)
-
-        if (
-            args.eval_every
-            and global_step // args.eval_every > previous_step // args.eval_every
-            and global_step < args.total_timesteps
-        ):
-            with run.timed("evaluation"):
-                result = evaluate(
-                    q_network,
-                    args.env_id,
-                    envs.n_actions,
-                    device,
-                    args.eval_episodes,
-                    args.eval_epsilon,
-                    seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
-                    video_path=run.video_path(global_step),
-                    forced_steps=args.forced_steps,
-                )
-            run.evaluation(global_step, result)
-            run.write_receipt()
-
-        every = args.checkpoint_every
-        periodic = every and global_step // every > previous_step // every and global_step < args.total_timesteps
-        if periodic or stop.requested:  # every --checkpoint-every steps, and after SIGINT/SIGTERM
-            with run.timed("checkpoint"):
-                state = {
-                    **parts_state(parts),
-                    "random": random_state(),
-                    "global_step": global_step,
-                    "update_credit": update_credit,
-                    "obs": obs,
-                    "games": envs.state_dict() if envs.games_can_be_saved else None,
-                    **run.state_dict(),  # the algorithm, its arguments, the record so far
-                }
-                replay = rb.state_dict() if args.checkpoint_buffer else None
-                path = save_checkpoint(run.dir / "checkpoints", global_step, state, replay, args.checkpoint_keep)
-            run.checkpoint_written(path, global_step)
-            if stop.requested:
-                run.close(status="interrupted")
-                where = f"{os.path.relpath(__file__)} --resume {run.dir}"
-                run.print(f"stopped at step {global_step} by {stop.requested}; resume with: python {where}")
-                sys.exit(0)
-
-    stop.message = (
-        f"training is done (step {global_step}); the final evaluation goes on to its end"
-        f"{' and the model is saved' if args.save_model else ''}, then the run ends as finished; no checkpoint is "
-        "written (signal again to exit at once, without the final evaluation)"
-    )
-    run.print(f"training done at step {global_step}; final evaluation of {args.eval_episodes} games")
-    with run.timed("evaluation"):
-        result = evaluate(
-            q_network,
-            args.env_id,
-            envs.n_actions,
-            device,
-            args.eval_episodes,
-            args.eval_epsilon,
-            seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
-            video_path=run.video_path(global_step),
-            forced_steps=args.forced_steps,
-        )
-    run.evaluation(global_step, result, final=True)
-    if args.save_model:
-        run.save_model(q_network, envs.n_actions)
-    envs.close()
-    run.close()
+    sys.exit(run.finish())  # the final evaluation, the saved model, the closed record (or the stop's message)

@@ -1,9 +1,6 @@
 # PQN (Gallici et al. 2024), CleanRL's pqn_atari_envpool.py defaults; docs in docs/algorithms.md
 import os
-import random
-import signal
 import sys
-import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -13,23 +10,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 import tyro
-from cleanrl_utils.run_flags import RunFlags
 
-from cleanrl_utils.checkpoint import (
-    CheckpointError,
-    StopFlag,
-    find_checkpoint,
-    load_parts,
-    parts_state,
-    resume_args,
-    save_checkpoint,
-)
-from cleanrl_utils.checks import CpuThreads, fail, pick_device, validate_common_args
-from cleanrl_utils.encoder import NatureCNN, check_encoder
-from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
-from cleanrl_utils.evaluation import evaluate
-from cleanrl_utils.random_state import random_state, set_random_state
-from cleanrl_utils.run import Run, nonfinite
+from cleanrl_utils.encoder import NatureCNN
+from cleanrl_utils.envs import TrainEnvs
+from cleanrl_utils.run import Run, RunFlags
 
 
 @dataclass
@@ -136,48 +120,30 @@ def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
     return max(slope * t + start_e, end_e)
 
 
-if __name__ == "__main__":
-    setup_start = time.perf_counter()
-    args = tyro.cli(Args)
-    try:  # --resume: the run's newest checkpoint and its own settings; a bad checkpoint stops here
-        checkpoint = find_checkpoint(args.resume, __file__) if args.resume else None
-        args = resume_args(args, checkpoint) if checkpoint else args
-    except CheckpointError as error:
-        fail(str(error))
-    validate_common_args(args, replay=False)
+def check_args(args: Args) -> str | None:
+    """this script's own flags (the shared ones are checked by the run): what is wrong, or None"""
     for name in ("num_steps", "num_minibatches", "update_epochs"):
         if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)} must be a positive integer")
+            return f"--{name.replace('_', '-')} {getattr(args, name)} must be a positive integer"
     if (args.num_envs * args.num_steps) % args.num_minibatches:
-        fail(
+        return (
             f"--num-minibatches {args.num_minibatches} does not divide a rollout of --num-envs {args.num_envs} x "
             f"--num-steps {args.num_steps} = {args.num_envs * args.num_steps} steps; pick a divisor"
         )
     if not 0.0 <= args.q_lambda <= 1.0:
-        fail(f"--q-lambda {args.q_lambda} must be in [0, 1] (0: one-step targets, 1: Monte Carlo returns)")
+        return f"--q-lambda {args.q_lambda} must be in [0, 1] (0: one-step targets, 1: Monte Carlo returns)"
     if not (np.isfinite(args.max_grad_norm) and args.max_grad_norm > 0):
-        fail(f"--max-grad-norm {args.max_grad_norm} must be > 0 and finite (this script's default: 10)")
-    if args.checkpoint_buffer or args.buffer_device != "host":
-        fail("--checkpoint-buffer and --buffer-device are for replay memory; PQN has none: leave them out")
-    cpu_threads = CpuThreads(args.torch_threads)  # fewer torch threads while other processes hold cores
-    torch.set_num_threads(cpu_threads.choose())
-    try:
-        check_env_id(args.env_id)
-    except EnvIdError as error:
-        fail(str(error))
-    device = pick_device(args.device)
+        return f"--max-grad-norm {args.max_grad_norm} must be > 0 and finite (this script's default: 10)"
+    return None
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
 
-    try:
-        envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed)
-    except EnvIdError as error:
-        fail(str(error))
-    q_network = QNetwork(envs.n_actions, args.layer_norm).to(device)
-    check_encoder(q_network.encoder, layer_norm=args.layer_norm)  # LayerNorm: PQN's declared exception
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    run = Run(args, __file__, check_args)  # --resume, the checks, device, threads, seeding, signals
+    device = run.device
+
+    envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed)
+    q_network = QNetwork(envs.n_actions, args.layer_norm).to(device)  # LayerNorm: PQN's declared encoder variant
     optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate)
     # the rollout: observations as uint8 bytes (the network scales them), the rest as float
     rollout_obs = torch.zeros((args.num_steps, args.num_envs, 4, 84, 84), dtype=torch.uint8, device=device)
@@ -187,34 +153,14 @@ if __name__ == "__main__":
     rollout_masks = torch.zeros((args.num_steps, args.num_envs), device=device)  # 1: a transition, learned from
     rollout_values = torch.zeros((args.num_steps, args.num_envs), device=device)  # max_a Q(s_t, a) when acting
     rng = np.random.default_rng(args.seed)
-    run = Run(args, __file__, device, checkpoint)  # the run folder appears once everything is allocated
-    parts = {"q_network": q_network, "optimizer": optimizer, "rng": rng}
-    stop = StopFlag("finishing the current rollout and its update, then writing a checkpoint (signal again to exit)")
-    signal.signal(signal.SIGINT, stop.set)  # the loop reads stop.requested after each rollout's update
-    signal.signal(signal.SIGTERM, stop.set)
-    run.timings["setup"] += time.perf_counter() - setup_start
+    # what the run owns, declared once: a checkpoint (at a rollout's end) saves it and --resume puts it back
+    obs, global_step = run.own(envs, policy=q_network, q_network=q_network, optimizer=optimizer, rng=rng)
 
-    if checkpoint is None:
-        obs, global_step = envs.reset(), 0
-    else:  # where the checkpoint left off, a rollout boundary: everything the loop owns, put back
-        state = checkpoint.state
-        load_parts(parts, state)  # the network, optimizer, the acting generator
-        set_random_state(state["random"])  # Python's, NumPy's and torch's generators
-        global_step = state["global_step"]
-        if state["games"] is not None:  # games that can be saved (the tests' toy games) continue
-            envs.load_state_dict(state["games"])
-            obs = state["obs"]
-        else:  # Atari games cannot be saved: new ones, seeded apart from the first run's
-            envs.seed = args.seed + 1_000_003 * (len(state["run"]["resumes"]) + 1)
-            obs = envs.reset()
-        run.resumed(checkpoint, replay_restored=None, games_restored=state["games"] is not None)
-    metrics = None  # the latest update's metrics (tensors), read when logged
+    metrics = None  # the latest update's metrics (tensors), read every 1000 steps
     while global_step < args.total_timesteps:
-        rollout_start = global_step
         if args.anneal_lr:  # linearly to 0 at --total-timesteps, set at each rollout's start
             optimizer.param_groups[0]["lr"] = (1.0 - global_step / args.total_timesteps) * args.learning_rate
         for t in range(args.num_steps):
-            previous_step = global_step
             epsilon = linear_schedule(
                 args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
             )
@@ -225,31 +171,19 @@ if __name__ == "__main__":
                 with torch.no_grad():  # every game's values: the Q(lambda) returns bootstrap from them
                     q_values = q_network(rollout_obs[t])
                 actions[greedy] = q_values.argmax(dim=1).cpu().numpy()[greedy]
-            with run.timed("environment"):
-                envs.send(actions)  # the games step in their own threads while the rollout is stored
+            envs.send(actions)  # the games step in their own threads while the rollout is stored
             rollout_actions[t] = torch.as_tensor(actions, device=device)
             rollout_values[t] = q_values.max(dim=1).values
             global_step += args.num_envs
-            run.counts["env_steps"] = global_step
 
-            with run.timed("environment"):
-                step = envs.recv()
-            for _, episodic_return, length in step.episode_returns:
-                run.episode(global_step, episodic_return, length)
+            step = envs.recv()
             # the step after a game ends returns the reset observation, and a forced step is not the agent's:
             # neither is a transition (mask)
             rollout_rewards[t] = torch.as_tensor(step.rewards, device=device)
             rollout_dones[t] = torch.as_tensor(step.dones, device=device)
             rollout_masks[t] = torch.as_tensor(step.mask, device=device)
-            run.counts["transitions_stored"] += int(step.mask.sum())
             obs = step.next_obs
-
-            if global_step // 100 > previous_step // 100:
-                sps = run.recent_sps(global_step)  # steps/s over the last minute, this process's steps only
-                torch.set_num_threads(cpu_threads.choose())  # re-read every 5 s
-                run.scalar("charts/SPS", int(sps), global_step)
-                run.scalar("charts/epsilon", epsilon, global_step)
-                run.show_progress(global_step, args.total_timesteps, sps)
+            run.log_step(global_step, step, epsilon)  # finished games, SPS and progress
 
         with run.timed("learning"):
             with torch.no_grad():
@@ -270,80 +204,14 @@ if __name__ == "__main__":
                 for batch in np.array_split(rng.permutation(transitions), args.num_minibatches):
                     batch = torch.as_tensor(batch, device=device)
                     loss, metrics = compute_loss(q_network, b_obs[batch], b_actions[batch], b_returns[batch])
-                    if args.on_nonfinite == "skip" and not torch.isfinite(loss):  # reads the loss: a host sync
-                        run.counts["skipped_updates"] += 1
+                    if run.skip(loss):  # --on-nonfinite skip: a non-finite loss is not applied
                         continue
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
                     optimizer.step()
-                    run.counts["gradient_updates"] += 1
 
-        if global_step // 1000 > rollout_start // 1000 and metrics is not None:
-            values = run.train_metrics(global_step, metrics)  # the only host synchronisation of the loop
-            bad = nonfinite(values if args.on_nonfinite == "stop" else {}, q_network)
-            if bad:  # a non-finite loss or weights stop the run; the checkpoints written so far stay
-                run.close(status=f"failed: non-finite {bad} at step {global_step}")
-                sys.exit(f"error: non-finite {bad} at step {global_step}; stopping: {run.what_is_kept()}")
+        if run.due(global_step, obs, metrics):  # at a rollout's end: log, evaluate, checkpoint when due; True: stop
+            break
 
-        if (
-            args.eval_every
-            and global_step // args.eval_every > rollout_start // args.eval_every
-            and global_step < args.total_timesteps
-        ):
-            with run.timed("evaluation"):
-                result = evaluate(
-                    q_network,
-                    args.env_id,
-                    envs.n_actions,
-                    device,
-                    args.eval_episodes,
-                    args.eval_epsilon,
-                    seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
-                    video_path=run.video_path(global_step),
-                )
-            run.evaluation(global_step, result)
-            run.write_receipt()
-
-        every = args.checkpoint_every
-        periodic = every and global_step // every > rollout_start // every and global_step < args.total_timesteps
-        if periodic or stop.requested:  # at a rollout boundary: every --checkpoint-every steps, and after a signal
-            with run.timed("checkpoint"):
-                state = {
-                    **parts_state(parts),
-                    "random": random_state(),
-                    "global_step": global_step,
-                    "obs": obs,
-                    "games": envs.state_dict() if envs.games_can_be_saved else None,
-                    **run.state_dict(),  # the algorithm, its arguments, the record so far
-                }
-                path = save_checkpoint(run.dir / "checkpoints", global_step, state, None, args.checkpoint_keep)
-            run.checkpoint_written(path, global_step)
-            if stop.requested:
-                run.close(status="interrupted")
-                where = f"{os.path.relpath(__file__)} --resume {run.dir}"
-                run.print(f"stopped at step {global_step} by {stop.requested}; resume with: python {where}")
-                sys.exit(0)
-
-    stop.message = (
-        f"training is done (step {global_step}); the final evaluation goes on to its end"
-        f"{' and the model is saved' if args.save_model else ''}, then the run ends as finished; no checkpoint is "
-        "written (signal again to exit at once, without the final evaluation)"
-    )
-    run.print(f"training done at step {global_step}; final evaluation of {args.eval_episodes} games")
-    with run.timed("evaluation"):
-        result = evaluate(
-            q_network,
-            args.env_id,
-            envs.n_actions,
-            device,
-            args.eval_episodes,
-            args.eval_epsilon,
-            seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
-            video_path=run.video_path(global_step),
-        )
-    run.evaluation(global_step, result, final=True)
-    if args.save_model:
-        run.save_model(q_network, envs.n_actions, layer_norm=args.layer_norm)
-    envs.close()
-    run.close()
+    sys.exit(run.finish(layer_norm=args.layer_norm))  # the final evaluation, the saved model, the closed record

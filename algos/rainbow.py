@@ -7,10 +7,7 @@
 # prioritized replay memory (over the shared buffer) after the loss.
 import math
 import os
-import random
-import signal
 import sys
-import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, NamedTuple
@@ -21,24 +18,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 import tyro
-from cleanrl_utils.run_flags import RunFlags
 
-from cleanrl_utils.buffer import ReplayBatch, ReplayBuffer, bytes_per_transition
-from cleanrl_utils.checkpoint import (
-    CheckpointError,
-    StopFlag,
-    find_checkpoint,
-    load_parts,
-    parts_state,
-    resume_args,
-    save_checkpoint,
-)
-from cleanrl_utils.checks import CpuThreads, check_memory, fail, pick_buffer_device, pick_device, validate_common_args
-from cleanrl_utils.encoder import NatureCNN, check_encoder
-from cleanrl_utils.envs import EnvIdError, TrainEnvs, check_env_id
-from cleanrl_utils.evaluation import evaluate
-from cleanrl_utils.random_state import random_state, set_random_state
-from cleanrl_utils.run import Run, nonfinite
+from cleanrl_utils.buffer import ReplayBatch, ReplayBuffer
+from cleanrl_utils.encoder import NatureCNN
+from cleanrl_utils.envs import TrainEnvs
+from cleanrl_utils.run import Run, RunFlags
 
 
 @dataclass
@@ -133,6 +117,12 @@ class Args(RunFlags):  # + the shared flags for running: threads, run folder, ch
     """whether FIRE is pressed for the agent at a game's start and after a life loss (NOOP, FIRE, 2), as the other
     scripts' protocol (CleanRL's wrappers); --no-forced-steps: the agent plays every step, as Dopamine's Atari 100k
     (DER)"""
+
+    def __post_init__(self):  # epsilon-greedy explores only with --no-noisy, then from 1 to 0.01 as DQN
+        if self.start_e is None:
+            self.start_e = 0.0 if self.noisy else 1.0
+        if self.end_e is None:
+            self.end_e = 0.0 if self.noisy else 0.01
 
 
 # ---------------------------------------------------------------- noisy layers (Fortunato et al. 2018, NoisyNet)
@@ -528,72 +518,45 @@ def beta_schedule(beta_0: float, beta_end: float, duration: int, t: int):
     return beta_0 + (beta_end - beta_0) * min(1.0, t / duration)
 
 
-if __name__ == "__main__":
-    setup_start = time.perf_counter()
-    args = tyro.cli(Args)
-    try:  # --resume: the run's newest checkpoint and its own settings; a bad checkpoint stops here
-        checkpoint = find_checkpoint(args.resume, __file__) if args.resume else None
-        args = resume_args(args, checkpoint) if checkpoint else args
-    except CheckpointError as error:
-        fail(str(error))
-    if args.start_e is None:  # epsilon-greedy explores only with --no-noisy, then from 1 to 0.01 as DQN
-        args.start_e = 0.0 if args.noisy else 1.0
-    if args.end_e is None:
-        args.end_e = 0.0 if args.noisy else 0.01
-    validate_common_args(args)
-    cpu_threads = CpuThreads(args.torch_threads)  # fewer torch threads while other processes hold cores
-    torch.set_num_threads(cpu_threads.choose())
-    if not (np.isfinite(args.adam_eps) and args.adam_eps > 0):
-        fail(f"--adam-eps {args.adam_eps} must be > 0 and finite (this script's default: {Args.adam_eps})")
+def check_args(args: Args) -> str | None:
+    """this script's own flags (the shared ones are checked by the run): what is wrong, or None"""
     if args.n_atoms < 2:
-        fail(f"--n-atoms {args.n_atoms} must be at least 2 (the support's two ends); use e.g. --n-atoms 51")
+        return f"--n-atoms {args.n_atoms} must be at least 2 (the support's two ends); use e.g. --n-atoms 51"
     if not (np.isfinite(args.v_min) and np.isfinite(args.v_max) and args.v_min < args.v_max):
-        fail(
+        return (
             f"--v-min {args.v_min} must be below --v-max {args.v_max}, both finite (the support is "
             "[v-min, v-max]); lower --v-min or raise --v-max, e.g. --v-min -10 --v-max 10"
         )
     if args.n_step < 1:
-        fail(f"--n-step {args.n_step} must be a positive integer (1: one-step returns; Rainbow uses 3)")
+        return f"--n-step {args.n_step} must be a positive integer (1: one-step returns; Rainbow uses 3)"
     if not (np.isfinite(args.noisy_sigma) and args.noisy_sigma >= 0):
-        fail(f"--noisy-sigma {args.noisy_sigma} must be >= 0 and finite (0: no noise; Rainbow uses 0.5)")
+        return f"--noisy-sigma {args.noisy_sigma} must be >= 0 and finite (0: no noise; Rainbow uses 0.5)"
     if not (np.isfinite(args.prioritized_alpha) and args.prioritized_alpha >= 0):
-        fail(f"--prioritized-alpha {args.prioritized_alpha} must be >= 0 (0: uniform sampling; Rainbow uses 0.5)")
+        return f"--prioritized-alpha {args.prioritized_alpha} must be >= 0 (0: uniform sampling; Rainbow uses 0.5)"
     if not 0.0 <= args.prioritized_beta <= 1.0:
-        fail(f"--prioritized-beta {args.prioritized_beta} must be in [0, 1] (annealed to 1; Rainbow starts at 0.4)")
+        return f"--prioritized-beta {args.prioritized_beta} must be in [0, 1] (annealed to 1; Rainbow starts at 0.4)"
     if not 0.0 <= args.prioritized_beta_end <= 1.0:
-        fail(f"--prioritized-beta-end {args.prioritized_beta_end} must be in [0, 1] (Rainbow: 1; DER: 0.5)")
+        return f"--prioritized-beta-end {args.prioritized_beta_end} must be in [0, 1] (Rainbow: 1; DER: 0.5)"
     if not (np.isfinite(args.prioritized_eps) and args.prioritized_eps > 0):
-        fail(f"--prioritized-eps {args.prioritized_eps} must be > 0 and finite; use e.g. --prioritized-eps 1e-6")
-    try:
-        check_env_id(args.env_id)
-    except EnvIdError as error:
-        fail(str(error))
-    device = pick_device(args.device)
-    buffer_device = pick_buffer_device(args.buffer_device, device)  # --buffer-device cuda: frames on the GPU
-    check_memory(args.buffer_size, bytes_per_transition() + (PRIORITY_BYTES if args.prioritized else 0), buffer_device)
+        return f"--prioritized-eps {args.prioritized_eps} must be > 0 and finite; use e.g. --prioritized-eps 1e-6"
+    return None
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
 
-    try:
-        envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed, forced_steps=args.forced_steps)
-    except EnvIdError as error:
-        fail(str(error))
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    run = Run(args, __file__, check_args)  # --resume, the checks, device, threads, seeding, signals
+    device = run.device
+
+    envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed, forced_steps=args.forced_steps)
     network_kwargs = dict(n_atoms=args.n_atoms, v_min=args.v_min, v_max=args.v_max, noisy_sigma=args.noisy_sigma)
     network_kwargs.update(dueling=args.dueling, noisy=args.noisy)
     q_network = QNetwork(envs.n_actions, **network_kwargs).to(device)
-    check_encoder(q_network.encoder)
     target_network = QNetwork(envs.n_actions, **network_kwargs).to(device)
     target_network.load_state_dict(q_network.state_dict())
-    if args.fast and device.type == "cpu":  # --fast: channels-last convolutions, which oneDNN runs faster on CPU
-        q_network.to(memory_format=torch.channels_last)
-        target_network.to(memory_format=torch.channels_last)
-    fused = args.fast and device.type in ("cpu", "cuda")  # --fast: Adam's fused kernel (None: torch's default)
-    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=fused or None)
+    run.fast(q_network, target_network)  # --fast: channels-last convolutions on CPU
+    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=run.fused)
     buffer_kwargs = dict(
-        device=device, n_step=args.n_step, gamma=args.gamma, seed=args.seed, storage_device=buffer_device
+        device=device, n_step=args.n_step, gamma=args.gamma, seed=args.seed, storage_device=run.buffer_device
     )
     if args.prioritized:  # sampled in proportion to (loss + eps) ** alpha
         alpha, eps = args.prioritized_alpha, args.prioritized_eps
@@ -601,42 +564,19 @@ if __name__ == "__main__":
     else:  # --no-prioritized: uniform sampling, still n-step
         rb = ReplayBuffer(args.buffer_size, args.num_envs, **buffer_kwargs)
     rng = np.random.default_rng(args.seed)
-    run = Run(args, __file__, device, checkpoint)  # the run folder appears once everything is allocated
-    parts = {"q_network": q_network, "target_network": target_network, "optimizer": optimizer, "rng": rng}
-    stop = StopFlag("finishing the current step, then writing a checkpoint (signal again to exit at once)")
-    signal.signal(signal.SIGINT, stop.set)  # the loop reads stop.requested at the end of each step
-    signal.signal(signal.SIGTERM, stop.set)
-    run.timings["setup"] += time.perf_counter() - setup_start
+    # what the run owns, declared once: a checkpoint saves it and --resume puts it back
+    obs, global_step = run.own(
+        envs, rb, policy=q_network, q_network=q_network, target_network=target_network, optimizer=optimizer, rng=rng
+    )
 
-    learning_starts = args.learning_starts  # agent steps of random play before the first update
-    if checkpoint is None:
-        obs, global_step, update_credit = envs.reset(), 0, 0
-    else:  # where the checkpoint left off: everything the loop owns, put back
-        state = checkpoint.state
-        load_parts(parts, state)  # networks, optimizer, the acting generator
-        set_random_state(state["random"])  # Python's, NumPy's and torch's generators
-        global_step, update_credit = state["global_step"], state["update_credit"]
-        replay = checkpoint.replay()  # None unless the run had --checkpoint-buffer
-        if replay is not None:
-            rb.load_state_dict(replay)
-        if state["games"] is not None:  # games that can be saved (the tests' toy games) continue
-            envs.load_state_dict(state["games"])
-            obs = state["obs"]
-        else:  # Atari games cannot be saved: new ones, seeded apart from the first run's
-            envs.seed = args.seed + 1_000_003 * (len(state["run"]["resumes"]) + 1)
-            obs = envs.reset()
-            rb.cut_episodes()  # the stored games end there: their last transitions bootstrap
-        run.resumed(checkpoint, replay_restored=replay is not None, games_restored=state["games"] is not None)
-        if replay is None:  # an empty replay memory refills before learning again
-            learning_starts += global_step
-    metrics = None  # the latest update's metrics (tensors), read when logged
+    metrics = None  # the latest update's metrics (tensors), read every 1000 steps
     while global_step < args.total_timesteps:
         previous_step = global_step
         epsilon = linear_schedule(
             args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
         )
         with run.timed("acting"):
-            if global_step <= learning_starts:  # before learning, a new noise draw at every step
+            if global_step <= run.learning_starts:  # before learning, a new noise draw at every step
                 reset_noise(q_network)  # (reset_noise does nothing with --no-noisy)
             actions = rng.integers(0, envs.n_actions, args.num_envs)
             greedy = rng.random(args.num_envs) >= epsilon
@@ -644,15 +584,12 @@ if __name__ == "__main__":
                 with torch.no_grad():
                     q_values = q_network(torch.as_tensor(obs[greedy], device=device))
                 actions[greedy] = q_values.argmax(dim=1).cpu().numpy()
-        with run.timed("environment"):
-            envs.send(actions)  # the games step in their own threads while the learner updates, below
+        envs.send(actions)  # the games step in their own threads while the learner updates, below
         global_step += args.num_envs
-        run.counts["env_steps"] = global_step
 
-        if global_step > learning_starts:
-            update_credit += args.num_envs
-            while update_credit >= args.train_frequency:  # one update per train_frequency agent steps
-                update_credit -= args.train_frequency
+        if global_step > run.learning_starts:
+            # one update per train_frequency agent steps, whatever the number of environments
+            for _ in range(global_step // args.train_frequency - previous_step // args.train_frequency):
                 with run.timed("learning"):
                     reset_noise(q_network)  # a new noise draw per update, independent for the two networks;
                     reset_noise(target_network)  # acting uses the online one's until the next update
@@ -664,111 +601,29 @@ if __name__ == "__main__":
                     else:
                         data = rb.sample(args.batch_size)
                     loss, metrics, priorities = compute_loss(q_network, target_network, data, args)
-                    if args.on_nonfinite == "skip" and not torch.isfinite(loss):  # reads the loss: a host sync
-                        run.counts["skipped_updates"] += 1
+                    if run.skip(loss):  # --on-nonfinite skip: a non-finite loss is not applied
                         continue
                     optimizer.zero_grad()
                     loss.backward()
                     optimizer.step()
                     if args.prioritized:  # new priorities: each transition's loss (KL plus the target's entropy)
                         rb.update_priorities(data.indices, priorities)
-                run.counts["gradient_updates"] += 1
-
-            if global_step // 1000 > previous_step // 1000 and metrics is not None:
-                # a non-finite value stops the run here
+            if global_step // 1000 > previous_step // 1000 and metrics is not None:  # logged beside the loss
                 if args.prioritized:
                     metrics["beta"] = beta
                 if args.noisy:
                     metrics["noisy_sigma"] = mean_sigma(q_network)
-                values = run.train_metrics(global_step, metrics)  # the only host synchronisation of the loop
-                bad = nonfinite(values if args.on_nonfinite == "stop" else {}, q_network)
-                if bad:  # a non-finite loss or weights stop the run; the checkpoints written so far stay
-                    run.close(status=f"failed: non-finite {bad} at step {global_step}")
-                    sys.exit(f"error: non-finite {bad} at step {global_step}; stopping: {run.what_is_kept()}")
 
             # update target network
             if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
                 for target_param, q_param in zip(target_network.parameters(), q_network.parameters(), strict=True):
                     target_param.data.copy_(args.tau * q_param.data + (1.0 - args.tau) * target_param.data)
 
-        with run.timed("environment"):
-            step = envs.recv()
-        for _, episodic_return, length in step.episode_returns:
-            run.episode(global_step, episodic_return, length)
+        step = envs.recv()
         # the step after a game ends returns the reset observation: not a transition (mask)
         rb.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
-        run.counts["transitions_stored"] += int(step.mask.sum())
         obs = step.next_obs
+        if run.step(global_step, obs, step, epsilon, metrics):  # log, evaluate, checkpoint when due; True: stop
+            break
 
-        if global_step // 100 > previous_step // 100:
-            sps = run.recent_sps(global_step)  # steps/s over the last minute, this process's steps only
-            torch.set_num_threads(cpu_threads.choose())  # re-read every 5 s
-            run.scalar("charts/SPS", int(sps), global_step)
-            run.scalar("charts/epsilon", epsilon, global_step)
-            run.show_progress(global_step, args.total_timesteps, sps)
-
-        if (
-            args.eval_every
-            and global_step // args.eval_every > previous_step // args.eval_every
-            and global_step < args.total_timesteps
-        ):
-            with run.timed("evaluation"):
-                result = evaluate(
-                    q_network,
-                    args.env_id,
-                    envs.n_actions,
-                    device,
-                    args.eval_episodes,
-                    args.eval_epsilon,
-                    seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
-                    video_path=run.video_path(global_step),
-                    forced_steps=args.forced_steps,
-                )
-            run.evaluation(global_step, result)
-            run.write_receipt()
-
-        every = args.checkpoint_every
-        periodic = every and global_step // every > previous_step // every and global_step < args.total_timesteps
-        if periodic or stop.requested:  # every --checkpoint-every steps, and after SIGINT/SIGTERM
-            with run.timed("checkpoint"):
-                state = {
-                    **parts_state(parts),
-                    "random": random_state(),
-                    "global_step": global_step,
-                    "update_credit": update_credit,
-                    "obs": obs,
-                    "games": envs.state_dict() if envs.games_can_be_saved else None,
-                    **run.state_dict(),  # the algorithm, its arguments, the record so far
-                }
-                replay = rb.state_dict() if args.checkpoint_buffer else None
-                path = save_checkpoint(run.dir / "checkpoints", global_step, state, replay, args.checkpoint_keep)
-            run.checkpoint_written(path, global_step)
-            if stop.requested:
-                run.close(status="interrupted")
-                where = f"{os.path.relpath(__file__)} --resume {run.dir}"
-                run.print(f"stopped at step {global_step} by {stop.requested}; resume with: python {where}")
-                sys.exit(0)
-
-    stop.message = (
-        f"training is done (step {global_step}); the final evaluation goes on to its end"
-        f"{' and the model is saved' if args.save_model else ''}, then the run ends as finished; no checkpoint is "
-        "written (signal again to exit at once, without the final evaluation)"
-    )
-    run.print(f"training done at step {global_step}; final evaluation of {args.eval_episodes} games")
-    with run.timed("evaluation"):
-        result = evaluate(
-            q_network,
-            args.env_id,
-            envs.n_actions,
-            device,
-            args.eval_episodes,
-            args.eval_epsilon,
-            seed=args.seed + 10_000 + 100 * run.counts["evaluations"],
-            video_path=run.video_path(global_step),
-            forced_steps=args.forced_steps,
-        )
-    run.evaluation(global_step, result, final=True)
-    if args.save_model:
-        run.save_model(q_network, envs.n_actions, **network_kwargs)
-    envs.close()
-    run.close()
+    sys.exit(run.finish(**network_kwargs))  # the final evaluation, the saved model, the closed record (or the stop's)

@@ -124,7 +124,7 @@ class Run:
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
         # --fast: Adam's fused kernel on CPU and CUDA (None: torch's default), channels-last convolutions on CPU
-        self.fused = True if args.fast and self.device.type in ("cpu", "cuda") else None
+        self.fused = True if getattr(args, "fast", False) and self.device.type in ("cpu", "cuda") else None
         self.stop = StopFlag("finishing the current step, then writing a checkpoint (signal again to exit at once)")
         signal.signal(signal.SIGINT, self.stop.set)
         signal.signal(signal.SIGTERM, self.stop.set)
@@ -136,7 +136,7 @@ class Run:
 
     def fast(self, *networks: torch.nn.Module) -> None:
         """--fast on CPU: channels-last convolutions, which oneDNN runs faster (benchmarks/RESULTS.md)."""
-        if self.args.fast and self.device.type == "cpu":
+        if getattr(self.args, "fast", False) and self.device.type == "cpu":
             for network in networks:
                 network.to(memory_format=torch.channels_last)
 
@@ -156,11 +156,11 @@ class Run:
         self.envs, self.replay, self.policy, self.parts = envs, replay, policy, parts
         args, checkpoint = self.args, self.checkpoint
         self.record = Record(args, self.script, self.device, checkpoint)
-        self.updates_hooks = [
-            p.register_step_post_hook(self._count_update)
-            for p in parts.values()
-            if isinstance(p, torch.optim.Optimizer)
-        ]
+        # gradient updates are counted as optimizer steps (also of optimizers an algorithm object holds)
+        held = [p for p in parts.values() if hasattr(p, "__dict__") and not isinstance(p, torch.nn.Module)]
+        held = [v for p in held for v in vars(p).values()]
+        optimizers = [p for p in [*parts.values(), *held] if isinstance(p, torch.optim.Optimizer)]
+        self.updates_hooks = [optimizer.register_step_post_hook(self._count_update) for optimizer in optimizers]
         if checkpoint is None:
             obs, global_step = envs.reset(), 0
         else:  # where the checkpoint left off: everything declared, put back
@@ -242,7 +242,7 @@ class Run:
 
         if crossed(METRICS_EVERY) and metrics:
             values = record.train_metrics(global_step, metrics)
-            bad = nonfinite(values if args.on_nonfinite == "stop" else {}, self.policy)
+            bad = nonfinite(values if getattr(args, "on_nonfinite", "stop") == "stop" else {}, self.policy)
             if bad:
                 record.close(status=f"failed: non-finite {bad} at step {global_step}")
                 self.stopped = "non-finite"
