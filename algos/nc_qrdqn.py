@@ -228,6 +228,5 @@ if __name__ == "__main__":
         if run.step(global_step, obs, step, epsilon, metrics):  # log, evaluate, checkpoint when due; True: stop
             break
 
-    sys.exit(
-        run.finish(n_quantiles=args.n_quantiles)
-    )  # the final evaluation, the saved model, the closed record (or the stop's message)
+    # the final evaluation, the saved model, the closed record (or the stop's message)
+    sys.exit(run.finish(n_quantiles=args.n_quantiles))

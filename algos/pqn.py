@@ -214,4 +214,5 @@ if __name__ == "__main__":
         if run.due(global_step, obs, metrics):  # at a rollout's end: log, evaluate, checkpoint when due; True: stop
             break
 
-    sys.exit(run.finish(layer_norm=args.layer_norm))  # the final evaluation, the saved model, the closed record
+    # the final evaluation, the saved model, the closed record (or the stop's message)
+    sys.exit(run.finish(layer_norm=args.layer_norm))

@@ -626,4 +626,5 @@ if __name__ == "__main__":
         if run.step(global_step, obs, step, epsilon, metrics):  # log, evaluate, checkpoint when due; True: stop
             break
 
-    sys.exit(run.finish(**network_kwargs))  # the final evaluation, the saved model, the closed record (or the stop's)
+    # the final evaluation, the saved model, the closed record (or the stop's message)
+    sys.exit(run.finish(**network_kwargs))

@@ -123,8 +123,6 @@ class Run:
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
         torch.backends.cudnn.deterministic = args.torch_deterministic
-        # --fast: Adam's fused kernel on CPU and CUDA (None: torch's default), channels-last convolutions on CPU
-        self.fused = True if getattr(args, "fast", False) and self.device.type in ("cpu", "cuda") else None
         self.stop = StopFlag("finishing the current step, then writing a checkpoint (signal again to exit at once)")
         signal.signal(signal.SIGINT, self.stop.set)
         signal.signal(signal.SIGTERM, self.stop.set)
@@ -133,6 +131,11 @@ class Run:
         self.record: Record | None = None
         self.stopped: str | None = None  # why the loop was told to stop
         self.exit_message: str | int = 0
+
+    @property
+    def fused(self) -> bool | None:
+        """--fast: Adam's fused kernel on CPU and CUDA (None: torch's default), for ``optim.Adam(..., fused=)``."""
+        return True if getattr(self.args, "fast", False) and self.device.type in ("cpu", "cuda") else None
 
     def fast(self, *networks: torch.nn.Module) -> None:
         """--fast on CPU: channels-last convolutions, which oneDNN runs faster (benchmarks/RESULTS.md)."""

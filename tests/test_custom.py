@@ -14,6 +14,7 @@ import os
 import pickle
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,12 +25,13 @@ import pytest
 import torch
 from conftest import FAST_LEARNING, REPO, run_python, weights
 
-from cleanrl_utils.tools import benchmark, results
 from cleanrl_utils.buffer import ReplayBatch
-from cleanrl_utils.encoder import NATURE_CNN_PARAMETERS
+from cleanrl_utils.encoder import NATURE_CNN_PARAMETERS, NatureCNN, check_encoder
+from cleanrl_utils.run import Run
+from cleanrl_utils.tools import benchmark, results
 from cleanrl_utils.tools.evaluate import load_algorithm
 from cleanrl_utils.tools.template_rules import (
-    REFERENCE_ALGOS,
+    REFERENCE_HEADS,
     TemplateRuleError,
     check_actions,
     check_metrics,
@@ -62,6 +64,26 @@ def template_with(tmp_path: Path, name: str, block: str | None = None, **replace
     path = tmp_path / f"{name}.py"
     path.write_text(source[:start] + code + source[end:])
     return path
+
+
+@pytest.fixture
+def cpu_run():
+    """``cpu_run(**flags)``: the run a ValueAlgorithm takes, made as the template makes it (``Run(args, __file__,
+    check_args)`` with the template's Args, --device cpu, one torch thread), for an algorithm built outside a
+    script: its ``device``, ``fast`` and ``fused`` are the real ones. No run folder appears before ``own``; the
+    SIGINT/SIGTERM handlers and torch's thread count the run sets are put back afterwards."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    threads = torch.get_num_threads()
+    template = load_algorithm(TEMPLATE)
+
+    def make(**flags) -> Run:
+        args = template.Args(device="cpu", torch_threads=1, **flags)
+        return Run(args, str(TEMPLATE), template.check_args)
+
+    yield make
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    torch.set_num_threads(threads)
 
 
 def doc_example() -> str:
@@ -118,7 +140,7 @@ def test_shipped_template_learns_prints_the_standard_lines_and_its_model_reloads
     assert "ValueAlgorithm trains 1,685,154 parameters (q_network 1,685,154)" in done.stdout
     receipt = json.loads((run_dir / "receipt.json").read_text())
     assert receipt["status"] == "finished" and receipt["algo"] == "custom_value_atari"
-    # the saved QNetwork(envs) model is rebuilt by the evaluation command
+    # the saved model is rebuilt by the evaluation command, as every script's: QNetwork(n_actions)
     [model] = run_dir.glob("*.cleanrl_model")
     again = run_python("-m", "cleanrl_utils.tools.evaluate", str(model), "--episodes", "4", "--epsilon", "0")
     assert again.returncode == 0, again.stderr[-2000:]
@@ -165,13 +187,13 @@ def naive_quantile_huber(quantiles: np.ndarray, targets: np.ndarray, kappa: floa
     return total / len(quantiles)
 
 
-def test_doc_qr_example_loss_matches_a_naive_loop(tmp_path):
+def test_doc_qr_example_loss_matches_a_naive_loop(tmp_path, cpu_run):
     module = load_algorithm(template_with(tmp_path, "doc_qrdqn", doc_example()))
-    args = SimpleNamespace(learning_rate=1e-3, batch_size=2, seed=0, learning_starts=0, gamma=0.9, tau=1.0)
-    args.target_network_frequency, args.fast = 10**9, False
-    envs = SimpleNamespace(single_action_space=SimpleNamespace(n=3))
+    run = cpu_run(learning_rate=1e-3, batch_size=2, seed=0, gamma=0.9, fast=False)
+    args = run.args
+    envs = SimpleNamespace(n_actions=3)  # what ValueAlgorithm reads of the environments
     torch.manual_seed(0)
-    algorithm = module.ValueAlgorithm(envs, torch.device("cpu"), args)
+    algorithm = module.ValueAlgorithm(envs, run, args)
     with torch.no_grad():  # spread the quantiles so that some pairs fall beyond kappa
         algorithm.q_network.head.weight.mul_(200.0)
         algorithm.target_network.head.weight.copy_(algorithm.q_network.head.weight.roll(1, 0))
@@ -229,8 +251,9 @@ def test_doc_qr_example_plugs_in_and_learns(tmp_path):
 
 
 def refused(done: subprocess.CompletedProcess, tmp_path: Path, *messages: str) -> None:
-    assert done.returncode == 2, done.stdout[-1000:] + done.stderr[-2000:]
+    assert done.returncode == 1, done.stdout[-1000:] + done.stderr[-2000:]  # sys.exit("error: ...")
     assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("error: ") and done.stderr.count("error: ") == 1, done.stderr[-2000:]
     for message in messages:
         assert message in done.stderr, done.stderr[-2000:]
     assert not (tmp_path / "runs").exists(), "a refused algorithm must not leave a run folder"
@@ -241,7 +264,7 @@ def test_a_widened_encoder_is_refused(tmp_path):
         "self.encoder = NatureCNN()\n",
         "self.encoder = NatureCNN()\n        self.encoder.net[7] = nn.Linear(3136, 1024)\n",
     )
-    head = ("nn.Linear(512, envs", "nn.Linear(1024, envs")
+    head = ("nn.Linear(512, n_actions)", "nn.Linear(1024, n_actions)")
     done = start(template_with(tmp_path, "wide", widened=widened, head=head), tmp_path)
     refused(done, tmp_path, "QNetwork.encoder is not the unmodified Nature CNN", "3,290,272 parameters")
     assert "expected 1,684,128" in done.stderr
@@ -254,8 +277,8 @@ def test_an_encoder_with_other_activations_is_refused(tmp_path):
 
 
 MLP_HEAD = (
-    "self.head = nn.Linear(512, envs.single_action_space.n)",
-    "self.head = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, envs.single_action_space.n))",
+    "self.head = nn.Linear(512, n_actions)",
+    "self.head = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, n_actions))",
 )
 
 
@@ -273,7 +296,7 @@ def test_an_over_budget_head_is_refused_unless_the_budget_is_raised(tmp_path):
 
 
 def test_an_unfrozen_target_network_counts_and_the_error_says_so(tmp_path):
-    unfrozen = (".to(device).requires_grad_(False)", ".to(device)")
+    unfrozen = (".to(self.device).requires_grad_(False)", ".to(self.device)")
     done = start(template_with(tmp_path, "unfrozen", unfrozen=unfrozen), tmp_path)
     refused(done, tmp_path, "ValueAlgorithm trains 3,370,308 parameters (q_network 1,685,154, target_network")
     assert "target_network require gradients but no optimizer trains them" in done.stderr
@@ -295,7 +318,7 @@ def test_wrong_actions_are_refused(name, change, message, tmp_path):
 def test_nan_metrics_stop_the_run_at_the_first_update(tmp_path):
     nan = ('{"td_loss": loss.detach(),', '{"td_loss": loss.detach() * float("nan"),')
     done = start(template_with(tmp_path, "nan_loss", nan=nan), tmp_path)
-    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "ValueAlgorithm.update returned td_loss=nan at step 33; metrics must be finite" in done.stderr
     [receipt] = (tmp_path / "runs").glob("*/receipt.json")
     assert json.loads(receipt.read_text())["status"] == "failed: non-finite metrics"
@@ -342,7 +365,7 @@ def linear(inputs: int, outputs: int) -> int:
 
 
 # Each reference script's head (its QNetwork with its default settings, the Nature encoder left out), written
-# out by hand from the scripts' papers and layers: what template_rules counts from the scripts must agree
+# out by hand from the scripts' papers and layers: template_rules.REFERENCE_HEADS must agree
 HEADS_BY_HAND = {
     "dqn": lambda n: linear(512, n),
     "double_dqn": lambda n: linear(512, n),
@@ -356,15 +379,39 @@ HEADS_BY_HAND = {
 }
 
 
-def test_budget_is_the_largest_head_of_the_reference_scripts():
-    """The heads template_rules counts from the reference scripts' own networks against the same heads
-    written by hand, and the budget against the largest of them; every script in algos/ but copies of
-    the template is a reference, so a new reference algorithm cannot outgrow the budget."""
+def reference_scripts() -> list[Path]:
+    """Every script in algos/ but copies of the template (they hold ValueAlgorithmBase) and pqn.py (its encoder
+    is the declared LayerNorm variant; the budget counts heads over the plain one)."""
     scripts = [p for p in sorted((REPO / "algos").glob("*.py")) if "ValueAlgorithmBase" not in p.read_text()]
-    scripts = [p for p in scripts if p.stem != "pqn"]  # PQN's LayerNorm encoder: template_rules.REFERENCE_ALGOS
-    assert {p.stem for p in scripts} == set(REFERENCE_ALGOS) == set(HEADS_BY_HAND), (
-        "add the new algorithm to template_rules.REFERENCE_ALGOS and its head to HEADS_BY_HAND"
+    return [p for p in scripts if p.stem != "pqn"]
+
+
+def test_every_reference_script_is_in_the_budget_table():
+    """A new reference algorithm cannot outgrow the budget unnoticed: it must enter REFERENCE_HEADS (and
+    HEADS_BY_HAND), which the next test holds equal to its network."""
+    assert {p.stem for p in reference_scripts()} == set(REFERENCE_HEADS) == set(HEADS_BY_HAND), (
+        "add the new algorithm to template_rules.REFERENCE_HEADS and its head to HEADS_BY_HAND"
     )
+
+
+@pytest.mark.parametrize("script", reference_scripts(), ids=lambda p: p.stem)
+def test_budget_table_holds_each_reference_scripts_network(script):
+    """The constant table against the script's own network: QNetwork(n) at its default settings, its trained
+    parameters less the Nature encoder's, for several action counts (per action and fixed part both count)."""
+    module = load_algorithm(script)
+    for n_actions in (2, 3, 4, 18):
+        network = module.QNetwork(n_actions)
+        assert type(network.encoder) is NatureCNN, f"{script.name}: the budget counts heads over the Nature encoder"
+        check_encoder(network.encoder)
+        trained = sum(p.numel() for p in network.parameters() if p.requires_grad)
+        assert trained - NATURE_CNN_PARAMETERS == reference_heads(n_actions)[script.stem], (
+            f"template_rules.REFERENCE_HEADS[{script.stem!r}] does not match algos/{script.name}'s QNetwork"
+            f"({n_actions}): {trained - NATURE_CNN_PARAMETERS:,} trained parameters beyond the encoder"
+        )
+
+
+def test_budget_is_the_largest_head_of_the_reference_scripts():
+    """The table's heads against the same heads written by hand, and the budget against the largest of them."""
     for n_actions in (2, 3, 4, 6, 9, 18):
         by_hand = {name: head(n_actions) for name, head in HEADS_BY_HAND.items()}
         assert reference_heads(n_actions) == by_hand, n_actions
@@ -398,12 +445,14 @@ def test_trainable_parameters_count_each_trained_parameter_once():
     }
 
 
-def test_value_algorithm_state_round_trips(tmp_path):
+def test_value_algorithm_state_round_trips(cpu_run):
     module = load_algorithm(TEMPLATE)
-    args = SimpleNamespace(learning_rate=1e-3, seed=3, learning_starts=0, gamma=0.99, tau=1.0)
-    args.target_network_frequency, args.fast, args.adam_eps = 2, True, 1e-8
-    envs = SimpleNamespace(single_action_space=SimpleNamespace(n=4))
-    first = module.ValueAlgorithm(envs, torch.device("cpu"), args)
+    run = cpu_run(learning_rate=1e-3, seed=3, fast=True)  # --fast on the CPU: channels-last networks, fused Adam
+    args = run.args
+    envs = SimpleNamespace(n_actions=4)  # what ValueAlgorithm reads of the environments
+    first = module.ValueAlgorithm(envs, run, args)
+    assert first.q_network.encoder.net[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert first.optimizer.defaults["fused"] is True
     obs = torch.randint(0, 256, (4, 4, 84, 84), dtype=torch.uint8)
     data = ReplayBatch(obs, torch.tensor([0, 1, 2, 3]), torch.ones(4), obs.flip(0), torch.zeros(4), torch.ones(4))
     first.update(data, 1)
@@ -419,7 +468,7 @@ def test_value_algorithm_state_round_trips(tmp_path):
     assert any(not m.is_contiguous() for m in moments), "the convolutions' moments should be channels-last here"
     for saved in state["optimizer"]["state"].values():
         saved.update({k: v.contiguous() for k, v in saved.items() if torch.is_tensor(v)})
-    second = module.ValueAlgorithm(envs, torch.device("cpu"), args)
+    second = module.ValueAlgorithm(envs, run, args)
     second.load_state_dict(state)
     for p in second.q_network.parameters():
         for value in second.optimizer.state[p].values():

@@ -19,6 +19,7 @@ import torch
 from conftest import REPO
 
 from cleanrl_utils.buffer import ReplayBatch
+from cleanrl_utils.run import Run
 from cleanrl_utils.tools.evaluate import load_algorithm
 
 ALGOS = ["dqn", "double_dqn", "c51", "qrdqn", "mdqn", "nc_qrdqn", "iqn", "rainbow"]
@@ -36,12 +37,12 @@ def main_block(source: str) -> ast.If:
 
 
 def script_lines(algo: str) -> tuple[str, str]:
-    """(the fast lines with the optimizer, the update) as they stand in algos/ALGO.py: from the channels-last
-    ``if`` through ``optimizer = optim.Adam(...)``; from the ``compute_loss`` call through ``optimizer.step()``"""
+    """(the fast lines with the optimizer, the update) as they stand in algos/ALGO.py: from ``run.fast(...)``
+    through ``optimizer = optim.Adam(...)``; from the ``compute_loss`` call through ``optimizer.step()``"""
     source = (REPO / "algos" / f"{algo}.py").read_text()
     main = main_block(source)
     body = main.body
-    first = next(i for i, s in enumerate(body) if isinstance(s, ast.If) and "args.fast" in ast.unparse(s.test))
+    first = next(i for i, s in enumerate(body) if ast.unparse(s).startswith("run.fast("))
     last = next(i for i, s in enumerate(body) if isinstance(s, ast.Assign) and "optim.Adam(" in ast.unparse(s))
     setup = "\n".join(ast.get_source_segment(source, s) for s in body[first : last + 1])
     learning = next(
@@ -105,9 +106,11 @@ class Script:
             for p in target_network.parameters():
                 p.mul_(0.9)
         setup, self.update_code = script_lines(algo)
+        run = Run.__new__(Run)  # the run's --fast and --on-nonfinite parts, as the script calls them, without a start
+        run.args, run.device, run.record = args, torch.device(device), SimpleNamespace(counts=Counter())
         self.namespace = dict(
             torch=torch, optim=torch.optim, args=args, device=torch.device(device), q_network=q_network,
-            target_network=target_network, compute_loss=self.module.compute_loss, run=SimpleNamespace(counts=Counter()),
+            target_network=target_network, compute_loss=self.module.compute_loss, run=run,
         )  # fmt: skip
         exec(setup, self.namespace)
         self.q_network, self.optimizer = q_network, self.namespace["optimizer"]
@@ -181,10 +184,10 @@ def test_on_nonfinite_skip_skips_the_optimizer_step(algo):
     script.namespace["data"] = poisoned
     exec(script.update, script.namespace)
     assert not torch.isfinite(script.namespace["loss"])
-    assert script.namespace["run"].counts["skipped_updates"] == 1
+    assert script.namespace["run"].record.counts["skipped_updates"] == 1
     assert all(torch.equal(a, b) for a, b in zip(before, script.q_network.parameters(), strict=True))
     script.step(batch)
-    assert script.namespace["run"].counts["skipped_updates"] == 1
+    assert script.namespace["run"].record.counts["skipped_updates"] == 1
     assert not all(torch.equal(a, b) for a, b in zip(before, script.q_network.parameters(), strict=True))
 
 

@@ -19,7 +19,7 @@ from conftest import REPO, run_python
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanrl_utils.tools.evaluate import load_algorithm
-from cleanrl_utils.run import Run
+from cleanrl_utils.record import Record
 
 BANDIT = "tests.toy_envs:ImageBandit-v0"
 TINY = ["--env-id", BANDIT, "--buffer-size", "500", "--learning-starts", "100", "--eval-episodes", "2"]
@@ -28,9 +28,9 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO), "CI": "true"}
 SCRIPTS = sorted((REPO / "algos").glob("*.py"))
 
 
-def make_run(tmp_path: Path) -> Run:
+def make_run(tmp_path: Path) -> Record:
     args = load_algorithm(REPO / "algos" / "dqn.py").Args(env_id=BANDIT, run_dir=str(tmp_path))
-    return Run(args, str(REPO / "algos" / "dqn.py"), torch.device("cpu"))
+    return Record(args, str(REPO / "algos" / "dqn.py"), torch.device("cpu"))
 
 
 # ---------------------------------------------------------------- steps/s and the time left
@@ -69,9 +69,12 @@ def test_the_time_left_comes_from_the_rate_given(tmp_path, capsys):
 
 
 def test_every_script_logs_the_recent_rate():
+    """the rate is the run's (run.py's log_step, which every script reaches through run.step or run.log_step)"""
+    run_py = (REPO / "cleanrl_utils" / "run.py").read_text()
+    assert run_py.count("sps = record.recent_sps(global_step)") == 1
     for script in SCRIPTS:
         source = script.read_text()
-        assert source.count("sps = run.recent_sps(global_step)") == 1, script.name
+        assert "run.step(global_step" in source or "run.log_step(global_step" in source, script.name
         assert "start_time" not in source, script.name  # CleanRL's global_step / (time.time() - start_time)
 
 
@@ -124,10 +127,12 @@ def test_negative_torch_threads_is_refused_before_anything_is_written(tmp_path):
 
 
 def test_every_script_chooses_its_threads_and_rereads_them_in_the_loop():
+    """the run chooses them at its start and re-reads them every 100 steps (run.py); every script starts a run"""
+    run_py = (REPO / "cleanrl_utils" / "run.py").read_text()
+    assert "self.threads = CpuThreads(args.torch_threads)" in run_py
+    assert run_py.count("torch.set_num_threads(self.threads.choose())") == 2
     for script in SCRIPTS:
-        source = script.read_text()
-        assert "cpu_threads = CpuThreads(args.torch_threads)" in source, script.name
-        assert source.count("torch.set_num_threads(cpu_threads.choose())") == 2, script.name
+        assert "run = Run(args, __file__" in script.read_text(), script.name
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to leave one to another process")
