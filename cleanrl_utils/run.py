@@ -192,6 +192,11 @@ class Run:
         self.record.timings["setup"] += time.perf_counter() - self.setup_start
         return obs, global_step
 
+    @property
+    def updates(self) -> int:
+        """Gradient updates so far (optimizer steps)."""
+        return self.record.counts["gradient_updates"]
+
     def _count_update(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self.record.counts["gradient_updates"] += 1
 

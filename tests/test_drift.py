@@ -234,7 +234,7 @@ TEMPLATE_LOOP_DIFFERENCES = """
 -                    optimizer.step()
 +                    metrics = algorithm.update(data, global_step)
 +                    try:
-+                        metrics = check_metrics(metrics, global_step, sync=run.record.counts["gradient_updates"] == 1)
++                        metrics = check_metrics(metrics, global_step, sync=run.updates == 1)
 +                    except TemplateRuleError as error:  # e.g. failed: non-finite metrics
 +                        run.record.close(status=f"failed: {error.status}")
 +                        sys.exit(f"error: {error}")
