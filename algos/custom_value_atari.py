@@ -2,7 +2,8 @@
 # Copy this file (e.g. to algos/my_algo.py) and edit ONLY the EDITABLE block: a QNetwork (a head over the
 # fixed Nature encoder) and a ValueAlgorithm (networks, optimizer, select_action, update). Everything marked
 # FIXED (arguments, environments, replay, exploration schedule, loop, logging, evaluation) is what every
-# algorithm shares, and cleanrl_utils.tools.template_rules checks the rules at start-up. As shipped: DQN, as algos/dqn.py.
+# algorithm shares, and cleanrl_utils.tools.template_rules checks the rules at start-up. As shipped: DQN, as
+# algos/dqn.py.
 import os
 import sys
 from dataclasses import dataclass
@@ -209,9 +210,8 @@ if __name__ == "__main__":
             for _ in range(global_step // args.train_frequency - previous_step // args.train_frequency):
                 with run.timed("learning"):
                     data = rb.sample(args.batch_size)
-                    metrics = algorithm.update(data, global_step)
-                    try:
-                        metrics = check_metrics(metrics, global_step, sync=run.updates == 1)
+                    try:  # the first update's metrics are read (sync): a broken loss shows at once
+                        metrics = check_metrics(algorithm.update(data, global_step), global_step, sync=metrics is None)
                     except TemplateRuleError as error:  # e.g. failed: non-finite metrics
                         run.record.close(status=f"failed: {error.status}")
                         sys.exit(f"error: {error}")

@@ -159,10 +159,13 @@ class Run:
         self.envs, self.replay, self.policy, self.parts = envs, replay, policy, parts
         args, checkpoint = self.args, self.checkpoint
         self.record = Record(args, self.script, self.device, checkpoint)
-        # gradient updates are counted as optimizer steps (also of optimizers an algorithm object holds)
-        held = [p for p in parts.values() if hasattr(p, "__dict__") and not isinstance(p, torch.nn.Module)]
-        held = [v for p in held for v in vars(p).values()]
-        optimizers = [p for p in [*parts.values(), *held] if isinstance(p, torch.optim.Optimizer)]
+        # gradient updates are counted as optimizer steps, also of optimizers an algorithm object holds (in lists too)
+        held = [
+            vars(p).values() for p in parts.values() if hasattr(p, "__dict__") and not isinstance(p, torch.nn.Module)
+        ]
+        held = [v for values in held for value in values for v in (value.values() if isinstance(value, dict) else
+                value if isinstance(value, (list, tuple)) else [value])]  # fmt: skip
+        optimizers = {id(p): p for p in [*parts.values(), *held] if isinstance(p, torch.optim.Optimizer)}.values()
         self.updates_hooks = [optimizer.register_step_post_hook(self._count_update) for optimizer in optimizers]
         if checkpoint is None:
             obs, global_step = envs.reset(), 0
@@ -191,11 +194,6 @@ class Run:
         self.env_seconds = envs.seconds
         self.record.timings["setup"] += time.perf_counter() - self.setup_start
         return obs, global_step
-
-    @property
-    def updates(self) -> int:
-        """Gradient updates so far (optimizer steps)."""
-        return self.record.counts["gradient_updates"]
 
     def _count_update(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self.record.counts["gradient_updates"] += 1

@@ -403,10 +403,11 @@ def test_budget_table_holds_each_reference_scripts_network(script):
         network = module.QNetwork(n_actions)
         assert type(network.encoder) is NatureCNN, f"{script.name}: the budget counts heads over the Nature encoder"
         check_encoder(network.encoder)
-        trained = sum(p.numel() for p in network.parameters() if p.requires_grad)
-        assert trained - NATURE_CNN_PARAMETERS == reference_heads(n_actions)[script.stem], (
-            f"template_rules.REFERENCE_HEADS[{script.stem!r}] does not match algos/{script.name}'s QNetwork"
-            f"({n_actions}): {trained - NATURE_CNN_PARAMETERS:,} trained parameters beyond the encoder"
+        head = sum(p.numel() for p in network.parameters() if p.requires_grad) - NATURE_CNN_PARAMETERS
+        table = reference_heads(n_actions)[script.stem]
+        assert head == table, (
+            f"template_rules.REFERENCE_HEADS[{script.stem!r}] gives {table:,} for {n_actions} actions; "
+            f"algos/{script.name}'s QNetwork({n_actions}) trains {head:,} parameters beyond the encoder"
         )
 
 

@@ -232,9 +232,8 @@ TEMPLATE_LOOP_DIFFERENCES = """
 -                    optimizer.zero_grad()
 -                    loss.backward()
 -                    optimizer.step()
-+                    metrics = algorithm.update(data, global_step)
-+                    try:
-+                        metrics = check_metrics(metrics, global_step, sync=run.updates == 1)
++                    try:  # the first update's metrics are read (sync): a broken loss shows at once
++                        metrics = check_metrics(algorithm.update(data, global_step), global_step, sync=metrics is None)
 +                    except TemplateRuleError as error:  # e.g. failed: non-finite metrics
 +                        run.record.close(status=f"failed: {error.status}")
 +                        sys.exit(f"error: {error}")

@@ -388,8 +388,8 @@ def test_the_published_file_has_the_26_games_and_the_papers_iqm():
 
 
 def test_the_results_table_lists_the_published_means_beside_ours(tmp_path, capsys):
-    from cleanrl_utils.tools.results import main
     from cleanrl_utils.scores import human_normalized_score
+    from cleanrl_utils.tools.results import main
 
     for seed, score in ((1, 10.0), (2, 20.0)):
         folder = tmp_path / f"BreakoutNoFrameskip-v4__drq__{seed}__{1_700_000_000 + seed}"
@@ -444,5 +444,7 @@ def test_the_evaluation_command_refuses_a_model_that_does_not_record_its_protoco
     done = run_python("-m", "cleanrl_utils.tools.evaluate", str(model), "--episodes", "1", "--epsilon", "1")
     assert done.returncode == 2 and "--forced-steps" in done.stderr and "--no-forced-steps" in done.stderr, done.stderr
     assert "does not record its protocol" in done.stderr and "Traceback" not in done.stderr
-    done = run_python("-m", "cleanrl_utils.tools.evaluate", str(model), "--episodes", "1", "--no-forced-steps", "--json")
+    done = run_python(
+        "-m", "cleanrl_utils.tools.evaluate", str(model), "--episodes", "1", "--no-forced-steps", "--json"
+    )
     assert done.returncode == 0 and json.loads(done.stdout)["forced_steps"] is False, done.stderr[-3000:]

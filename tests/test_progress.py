@@ -18,8 +18,8 @@ import torch
 from conftest import REPO, run_python
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from cleanrl_utils.tools.evaluate import load_algorithm
 from cleanrl_utils.record import Record
+from cleanrl_utils.tools.evaluate import load_algorithm
 
 BANDIT = "tests.toy_envs:ImageBandit-v0"
 TINY = ["--env-id", BANDIT, "--buffer-size", "500", "--learning-starts", "100", "--eval-episodes", "2"]

@@ -255,7 +255,9 @@ def test_defaults_are_the_papers():
     assert (args.target_network_frequency, args.learning_starts, args.buffer_size) == (8_000, 20_000, 1_000_000)
     assert (args.batch_size, args.train_frequency) == (32, 4)
     assert (args.n_step, args.prioritized, args.dueling, args.noisy) == (3, True, True, True)  # every part on
-    assert (args.start_e, args.end_e) == (None, None)  # resolved at start: 0 with noisy layers (the receipts)
+    assert (args.start_e, args.end_e) == (0.0, 0.0)  # resolved by Args: 0 with noisy layers (the receipts)
+    assert (rainbow.Args(noisy=False).start_e, rainbow.Args(noisy=False).end_e) == (1.0, 0.01)  # DQN's without
+    assert rainbow.Args(start_e=0.5).start_e == 0.5  # a value given stays
 
 
 # ---------------------------------------------------------------- 2. its own values on Breakout

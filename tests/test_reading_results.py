@@ -102,7 +102,9 @@ def test_plot_command_lists_what_it_left_out_and_the_picture_says_so(runs, tmp_p
     assert "dqn (1 seed)" in svg and "double_dqn (2 seeds)" in svg and "3 seeds" not in svg
     assert "random play" in svg  # Breakout's random score, where a return curve starts from
     assert "Not drawn: 3 run(s), unfinished, much shorter, or an older run of a seed" in " ".join(svg.split())
-    again = run_python("-m", "cleanrl_utils.tools.plot", str(runs["root"]), "--out", str(out), "--all-runs", timeout=120)
+    again = run_python(
+        "-m", "cleanrl_utils.tools.plot", str(runs["root"]), "--out", str(out), "--all-runs", timeout=120
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     svg = out.with_suffix(".svg").read_text()
     assert "dqn seed 1: unfinished at step 1,277" in svg and "Not drawn" not in svg and "Dashed: a single run" in svg

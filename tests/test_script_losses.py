@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from conftest import REPO
 from test_rainbow import naive_projection
 
+from cleanrl_utils.run import Run
 from cleanrl_utils.tools.evaluate import load_algorithm
 
 N_ACTIONS = 3
@@ -385,9 +386,11 @@ def test_the_templates_shipped_update_has_dqns_loss():
     dqn = load_algorithm(REPO / "algos" / "dqn.py")
     q_network, target_network = networks(dqn, "dqn")
     data, args = make_batch(), script_args(dqn, "dqn")
-    envs = SimpleNamespace(single_action_space=SimpleNamespace(n=N_ACTIONS))
+    envs = SimpleNamespace(n_actions=N_ACTIONS)
     settings = SimpleNamespace(**{**vars(args), "fast": False})
-    algorithm = template.ValueAlgorithm(envs, torch.device("cpu"), settings)
+    run = Run.__new__(Run)  # what the algorithm reads of its run (the device, --fast), without starting one
+    run.args, run.device = settings, torch.device("cpu")
+    algorithm = template.ValueAlgorithm(envs, run, settings)
     algorithm.q_network.load_state_dict(q_network.state_dict())
     algorithm.target_network.load_state_dict(target_network.state_dict())
     online, target = float64_parameters(q_network, True), float64_parameters(target_network, False)

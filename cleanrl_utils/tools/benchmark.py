@@ -22,7 +22,7 @@ from typing import IO
 
 from cleanrl_utils.checks import fail
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ALGOS_DIR = REPO_ROOT / "algos"
 
 

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     saved = torch.load(args.model_path, map_location="cpu", weights_only=True)
     script = Path(saved["algo_script"])
     if not script.exists():  # the repository moved: find the script beside this package
-        script = Path(__file__).resolve().parents[1] / "algos" / f"{saved['algo']}.py"
+        script = Path(__file__).resolve().parents[2] / "algos" / f"{saved['algo']}.py"
     module = load_algorithm(script)
     try:  # every script's network: QNetwork(n_actions, **its settings)
         q_network = module.QNetwork(saved["n_actions"], **saved["network_kwargs"])
