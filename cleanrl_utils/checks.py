@@ -92,14 +92,16 @@ def validate_replay_args(args: Any) -> None:
                 file=sys.stderr,
                 flush=True,
             )
-    # the agent steps after --learning-starts (the loop's last vector step may pass --total-timesteps)
-    vector_steps = -(-args.total_timesteps // args.num_envs) - args.learning_starts // args.num_envs
-    if args.num_envs * max(vector_steps, 0) < args.train_frequency:
+    # the updates the loop makes: one for each multiple of --train-frequency that the vector steps after
+    # --learning-starts cross (the loop's last vector step may pass --total-timesteps)
+    first = (args.learning_starts // args.num_envs + 1) * args.num_envs  # the first vector step that learns
+    last = -(-args.total_timesteps // args.num_envs) * args.num_envs
+    if first > last or last // args.train_frequency == (first - args.num_envs) // args.train_frequency:
         reason = (
             f"is at or above --total-timesteps {args.total_timesteps}"
             if args.learning_starts >= args.total_timesteps
-            else f"leaves fewer than --train-frequency {args.train_frequency} agent steps before --total-timesteps "
-            f"{args.total_timesteps}"
+            else f"leaves no update before --total-timesteps {args.total_timesteps} (one every --train-frequency "
+            f"{args.train_frequency} agent steps)"
         )
         print(
             f"warning: --learning-starts {args.learning_starts} {reason}: the network is never updated, so this run "

@@ -40,14 +40,16 @@ def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def check_encoder(encoder: nn.Module, layer_norm: bool = False) -> None:
-    """Refuse an encoder that is not the Nature CNN (with LayerNorm only where the script declares it), so
-    algorithms compare on equal capacity."""
+def check_encoder(encoder: nn.Module, layer_norm: bool | None = None) -> None:
+    """Refuse an encoder that is not the Nature CNN or a declared variant of it (``layer_norm``: the variant the
+    caller expects; None: the one the encoder was built as), with its own parameter count, so algorithms compare
+    on equal capacity."""
     if not isinstance(encoder, NatureCNN):
         raise ValueError(
             f"the encoder is a {type(encoder).__name__}, not cleanrl_utils.NatureCNN; "
             "every algorithm must use the shared Nature encoder so comparisons are fair"
         )
+    layer_norm = encoder.layer_norm if layer_norm is None else layer_norm
     if encoder.layer_norm != layer_norm:
         raise ValueError(
             f"the encoder has layer_norm={encoder.layer_norm}, the script declares layer_norm={layer_norm}: "

@@ -28,7 +28,7 @@ COMMON = [
     case("--env-id", "CartPole-v1", words=["--env-id"]),
     case("--buffer-size", "100", "--batch-size", "256", words=["--buffer-size"]),
     case("--buffer-size", "5", "--batch-size", "5", "--learning-starts", "5", words=["--buffer-size"]),
-    case("--num-envs", "8", "--buffer-size", "40", "--learning-starts", "32", words=["--buffer-size", "64"]),
+    case("--num-envs", "8", "--buffer-size", "40", "--learning-starts", "32", words=["--buffer-size", "48"]),
     case("--learning-starts", "10", words=["--learning-starts"]),
     case("--total-timesteps", "0", words=["--total-timesteps"]),
     case("--total-timesteps", "-5", words=["--total-timesteps"]),
@@ -128,7 +128,7 @@ OWN = {  # each script's own flags
         case("--num-envs", "0", words=["--num-envs"]),
         case("--total-timesteps", "0", words=["--total-timesteps"]),
         case("--env-id", "ALE/Breakout-v5", words=["--env-id", "BreakoutNoFrameskip-v4"]),
-        case("--checkpoint-buffer", words=["--checkpoint-buffer", "PQN has none"]),
+        case("--checkpoint-buffer", words=["--checkpoint-buffer", "pqn.py has none"]),
         case("--resume", "runs/no_such_run", words=["--resume", "no such run folder"]),
     ],
 }  # fmt: skip

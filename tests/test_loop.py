@@ -3,7 +3,7 @@
 With 3 games at once and --train-frequency 4 (neither divides the other), every checkpoint of a run is a
 snapshot of the loop at a known step: the target network equals the online network at each step that
 crosses a multiple of --target-network-frequency and not between, a soft update with --tau < 1 gives the
-weighted mix of the two, the number of gradient updates is the closed form of the update credit, the replay
+weighted mix of the two, the number of gradient updates is the closed form of the loop's rule, the replay
 memory holds clipped rewards while the logged returns are raw, and each evaluation's recorded seed replays
 its game. The exploration schedule's closed form is checked on the shared runs in test_scripts.py.
 """
@@ -60,10 +60,10 @@ def crosses(step: int, every: int, num_envs: int = GAMES) -> bool:
 
 
 def updates_by(step: int) -> int:
-    """closed form of the update credit: each vector step past --learning-starts adds --num-envs agent steps, and
-    each --train-frequency of them is one update"""
-    learning_steps = sum(1 for s in range(GAMES, step + 1, GAMES) if s > LEARNING_STARTS)
-    return GAMES * learning_steps // TRAIN_FREQUENCY
+    """closed form of the loop's rule: each vector step past --learning-starts makes one update per multiple of
+    --train-frequency that its --num-envs agent steps crossed (one update per --train-frequency agent steps)"""
+    vector_steps = [s for s in range(GAMES, step + 1, GAMES) if s > LEARNING_STARTS]
+    return sum(s // TRAIN_FREQUENCY - (s - GAMES) // TRAIN_FREQUENCY for s in vector_steps)
 
 
 @pytest.fixture(scope="session")
@@ -89,12 +89,12 @@ def test_the_target_network_is_the_online_network_right_after_each_sync_and_not_
     assert after_sync >= 8 and between >= 8
 
 
-def test_the_number_of_updates_is_the_closed_form_of_the_update_credit(hard_sync_run):
+def test_the_number_of_updates_is_the_closed_form_of_the_loops_rule(hard_sync_run):
     run_dir, _ = hard_sync_run
     for step, state in snapshots(run_dir, "dqn"):
         assert state["run"]["counts"]["gradient_updates"] == updates_by(step), step
     receipt = read_json(run_dir / "receipt.json")
-    assert receipt["counts"]["gradient_updates"] == updates_by(TOTAL) == 125  # 1 per vector step: 167
+    assert receipt["counts"]["gradient_updates"] == updates_by(TOTAL) == 126  # 1 per vector step: 167
 
 
 def test_the_replay_memory_holds_clipped_rewards_and_the_logged_returns_are_raw(hard_sync_run):
@@ -157,5 +157,5 @@ def test_each_evaluation_plays_the_games_of_the_seeds_it_records(script, breakou
 def test_closed_forms_of_this_file():
     """the helpers above on hand-worked steps (3 games: steps 3, 6, ...)"""
     assert [s for s in range(3, 160, 3) if crosses(s, 50)] == [51, 102, 150]
-    assert updates_by(99) == 0 and updates_by(102) == 0 and updates_by(105) == 1 and updates_by(111) == 3
-    assert updates_by(600) == 125
+    assert updates_by(99) == 0 and updates_by(102) == 1 and updates_by(105) == 2 and updates_by(111) == 3
+    assert updates_by(600) == 126  # (600 - 99 // 4 * 4) // 4: the multiples of 4 from 100 to 600

@@ -163,21 +163,24 @@ def test_automatic_threads_give_a_core_back_while_another_process_holds_it():
 
 def test_a_run_that_never_updates_warns_at_start_and_still_runs(tmp_path):
     flags = ["--env-id", BANDIT, "--buffer-size", "500", "--eval-episodes", "2", "--device", "cpu"]
-    for learning_starts, reason in (("300", "is at or above"), ("297", "leaves fewer than --train-frequency 4")):
-        done = run_python("algos/double_dqn.py", *flags, "--total-timesteps", "300", "--learning-starts",
-                          learning_starts, "--run-dir", str(tmp_path / learning_starts), timeout=300)  # fmt: skip
+    for total, learning_starts, reason in (
+        ("300", "300", "is at or above"),
+        ("302", "300", "leaves no update before --total-timesteps 302 (one every --train-frequency 4"),
+    ):
+        done = run_python("algos/double_dqn.py", *flags, "--total-timesteps", total, "--learning-starts",
+                          learning_starts, "--run-dir", str(tmp_path / total), timeout=300)  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
         warning = f"warning: --learning-starts {learning_starts} {reason}"
         assert warning in done.stderr and "the network is never updated" in done.stderr, done.stderr
         assert "random-agent baseline" in done.stderr and done.stderr.count("never updated") == 1
-        [run_dir] = (tmp_path / learning_starts).iterdir()
+        [run_dir] = (tmp_path / total).iterdir()
         receipt = json.loads((run_dir / "receipt.json").read_text())
         assert receipt["status"] == "finished" and receipt["counts"]["gradient_updates"] == 0
-    # 4 agent steps after --learning-starts: one update, no warning
-    learning = run_python("algos/double_dqn.py", *flags, "--total-timesteps", "300", "--learning-starts", "296",
-                          "--run-dir", str(tmp_path / "296"), timeout=300)  # fmt: skip
+    # step 300, a multiple of --train-frequency 4, after --learning-starts 297: one update, no warning
+    learning = run_python("algos/double_dqn.py", *flags, "--total-timesteps", "300", "--learning-starts", "297",
+                          "--run-dir", str(tmp_path / "297"), timeout=300)  # fmt: skip
     assert learning.returncode == 0 and "never updated" not in learning.stderr
-    [run_dir] = (tmp_path / "296").iterdir()
+    [run_dir] = (tmp_path / "297").iterdir()
     assert json.loads((run_dir / "receipt.json").read_text())["counts"]["gradient_updates"] == 1
 
 
@@ -185,18 +188,19 @@ def test_a_run_that_never_updates_warns_at_start_and_still_runs(tmp_path):
 
 
 def test_a_closed_standard_output_stops_printing_and_the_run_finishes(tmp_path):
-    """``python algos/dqn.py ... | head -2``: the reader takes two lines and goes; no traceback, the run goes on
+    """``python algos/dqn.py ... | head -3``: the reader takes three lines and goes; no traceback, the run goes on
     to its end, and the receipt says when standard output closed."""
     flags = [*TINY, "--total-timesteps", "600", "--eval-every", "300", "--run-dir", str(tmp_path / "runs")]
     with open(tmp_path / "stderr.txt", "w") as stderr:
         process = subprocess.Popen(
             [sys.executable, "algos/dqn.py", *flags], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=stderr
         )
-        lines = [process.stdout.readline() for _ in range(2)]  # what `head -2` does
+        lines = [process.stdout.readline() for _ in range(3)]  # what `head -3` does
         process.stdout.close()
         assert process.wait(timeout=300) == 0
     err = (tmp_path / "stderr.txt").read_text()
-    assert lines[0].startswith(b"torch threads: ") and lines[1].startswith(b"global_step="), lines
+    assert lines[0].startswith(b"torch threads: ") and lines[1] == b"device: cpu\n", lines
+    assert lines[2].startswith(b"global_step="), lines
     assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
     [run_dir] = (tmp_path / "runs").iterdir()
     receipt = json.loads((run_dir / "receipt.json").read_text())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import sys
 import time
@@ -114,13 +115,14 @@ def main(argv: list[str] | None = None) -> None:
     if not script.exists():  # the repository moved: find the script beside this package
         script = Path(__file__).resolve().parents[2] / "algos" / f"{saved['algo']}.py"
     module = load_algorithm(script)
-    try:  # every script's network: QNetwork(n_actions, **its settings)
-        q_network = module.QNetwork(saved["n_actions"], **saved["network_kwargs"])
-    except TypeError as error:
+    taken = inspect.signature(module.QNetwork).parameters  # every script's network: QNetwork(n_actions, **settings)
+    unknown = sorted(set(saved["network_kwargs"]) - set(taken))
+    if unknown:
         parser.error(
             f"{args.model_path} was saved with network settings algos/{saved['algo']}.py's QNetwork does not take "
-            f"({error}): an earlier version of the script saved it; evaluate it with that version"
+            f"({', '.join(unknown)}): an earlier version of the script saved it; evaluate it with that version"
         )
+    q_network = module.QNetwork(saved["n_actions"], **saved["network_kwargs"])
     try:
         q_network.load_state_dict(saved["state_dict"])
     except RuntimeError as error:
