@@ -57,7 +57,8 @@ def test_the_layer_norm_variant_normalises_each_feature_map_and_has_its_own_chec
     assert count_parameters(encoder) == NATURE_CNN_LAYER_NORM_PARAMETERS == NATURE_CNN_PARAMETERS + extra
     check_encoder(encoder, layer_norm=True)
     with pytest.raises(ValueError, match="layer_norm=True"):
-        check_encoder(encoder)  # a script that does not declare the variant refuses it
+        check_encoder(encoder, layer_norm=False)  # a caller expecting the plain encoder refuses the variant
+    check_encoder(encoder)  # without an expectation: the variant it was built as, with its own count
     with pytest.raises(ValueError, match="layer_norm=False"):
         check_encoder(NatureCNN(), layer_norm=True)
     seen = []
