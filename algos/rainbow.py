@@ -409,16 +409,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     SETTINGS = (*ReplayBuffer.SETTINGS, "alpha", "eps")
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, frames: bool = True) -> dict[str, Any]:
         """``ReplayBuffer.state_dict`` plus the sum tree's sums and minima and the largest priority seen."""
         return {
-            **super().state_dict(),
+            **super().state_dict(frames),
             "tree.sums": self.tree.sums.copy(),
             "tree.mins": self.tree.mins.copy(),
             "max_priority": self.max_priority,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], frames: bool = True) -> None:
         own = ("tree.sums", "tree.mins", "max_priority")
         missing = [name for name in own if name not in state]
         if missing:
@@ -426,7 +426,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         for name in ("tree.sums", "tree.mins"):
             if np.shape(state[name]) != self.tree.sums.shape:
                 raise ValueError(f"replay {name} has shape {np.shape(state[name])}, not {self.tree.sums.shape}")
-        super().load_state_dict({k: v for k, v in state.items() if k not in own})
+        super().load_state_dict({k: v for k, v in state.items() if k not in own}, frames)
         self.tree.sums[...] = state["tree.sums"]
         self.tree.mins[...] = state["tree.mins"]
         self.max_priority = float(state["max_priority"])

@@ -93,19 +93,22 @@ class ReplayBuffer:
     SETTINGS = ("stack", "num_envs", "capacity", "n_step", "gamma")
     ARRAYS = ("frames", "actions", "rewards", "dones", "ends", "valid", "cursor", "written", "open")
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, frames: bool = True) -> dict[str, Any]:
         """The replay memory as plain data: its settings, its arrays (``frames`` copied to host memory
-        where it lives on a GPU) and its sampling generator's state."""
+        where it lives on a GPU; left out with ``frames=False``, for ``frames_written``) and its sampling
+        generator's state."""
         state: dict[str, Any] = {name: getattr(self, name) for name in self.SETTINGS}
-        for name in self.ARRAYS:
+        for name in self.ARRAYS if frames else [a for a in self.ARRAYS if a != "frames"]:
             value = getattr(self, name)
             state[name] = value.cpu().numpy() if isinstance(value, torch.Tensor) else value.copy()
         state["rng"] = self.rng.bit_generator.state
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Put a ``state_dict`` back; a memory of other settings, shapes or fields is refused (ValueError)."""
-        expected = {*self.SETTINGS, *self.ARRAYS, "rng"}
+    def load_state_dict(self, state: dict[str, Any], frames: bool = True) -> None:
+        """Put a ``state_dict`` back (``frames=False``: one without its frames, which ``load_frames_written``
+        then puts back); a memory of other settings, shapes or fields is refused (ValueError)."""
+        arrays = self.ARRAYS if frames else tuple(a for a in self.ARRAYS if a != "frames")
+        expected = {*self.SETTINGS, *arrays, "rng"}
         if set(state) != expected:
             raise ValueError(
                 f"replay state has fields {sorted(set(state) - expected)} this buffer lacks and lacks "
@@ -117,20 +120,45 @@ class ReplayBuffer:
                     f"replay {name} is {state[name]} in the checkpoint but {getattr(self, name)} in this run "
                     "(different --buffer-size, --num-envs, --n-step or --gamma?)"
                 )
-        for name in self.ARRAYS:
+        for name in arrays:
             current, saved = getattr(self, name), np.asarray(state[name])
             if tuple(current.shape) != saved.shape or str(current.dtype).removeprefix("torch.") != str(saved.dtype):
                 raise ValueError(
                     f"replay {name} is {saved.dtype}{list(saved.shape)} in the checkpoint but "
                     f"{current.dtype}{list(current.shape)} in this run"
                 )
-        for name in self.ARRAYS:
+        for name in arrays:
             current = getattr(self, name)
             if isinstance(current, torch.Tensor):
                 current.copy_(torch.from_numpy(np.asarray(state[name])))
             else:
                 current[...] = state[name]
         self.rng.bit_generator.state = state["rng"]
+
+    def frames_written(self, env: int, start: int, stop: int) -> np.ndarray:
+        """Ring ``env``'s frames of written indices ``[start, stop)`` (the ``written``-th frame sits at slot
+        ``written % capacity``; the range within the last ``capacity``), as a host array."""
+        if not self.written[env] - self.capacity <= start <= stop <= self.written[env]:
+            raise ValueError(f"frames {start}..{stop} of ring {env} are not in it (written: {self.written[env]})")
+        slots = np.arange(start, stop) % self.capacity
+        frames = self.frames[env, self.to_device(slots, self.frames.device) if self.storage_device else slots]
+        return frames.cpu().numpy() if isinstance(frames, torch.Tensor) else frames
+
+    def load_frames_written(self, env: int, start: int, frames: np.ndarray) -> None:
+        """Put back ``frames_written(env, start, start + len(frames))``; the frames older than the ring's last
+        ``capacity`` are skipped (overwritten since)."""
+        first = max(start, int(self.written[env]) - self.capacity)
+        stop = min(start + len(frames), int(self.written[env]))
+        if first >= stop:
+            return
+        slots = np.arange(first, stop) % self.capacity
+        chunk = np.asarray(frames[first - start : stop - start])
+        if self.storage_device is None:
+            self.frames[env, slots] = chunk
+        else:
+            self.frames[env, self.to_device(slots, self.storage_device)] = torch.from_numpy(chunk).to(
+                self.storage_device
+            )
 
     def cut_episodes(self) -> None:
         """The games in progress are gone (a resumed run starts new ones): their last stored

@@ -2,9 +2,16 @@
 load the newest. What goes in the dictionary, and what is done with it on ``--resume``, is the script's.
 
 A checkpoint is a folder ``RUN_DIR/checkpoints/step_000000123456/`` with ``state.pt`` (the dictionary; loaded
-with ``torch.load(weights_only=True)``, so it cannot run code) and, when a replay memory is saved, its large
-arrays as ``replay/*.npy`` (loaded with ``allow_pickle=False``). It is written as ``step_....tmp``, every file
+with ``torch.load(weights_only=True)``, so it cannot run code). It is written as ``step_....tmp``, every file
 fsynced, then renamed: a checkpoint folder without ``.tmp`` is complete.
+
+A replay memory is saved incrementally. Its frames (all but a few bytes of each transition) go to
+``RUN_DIR/checkpoints/replay_frames/`` as append-only segments, one file per environment's ring and checkpoint,
+holding only the frames written since the checkpoint before; the rest of the memory (actions, rewards, flags,
+the rings' counters: about 11 bytes a transition) goes whole into ``state.pt`` with the list of segments that
+rebuild its frames. A segment is complete before the checkpoint that lists it is renamed into place, and a
+segment is deleted only when no kept checkpoint lists it: a kill at any moment leaves the newest complete
+checkpoint whole, and the disk holds about one replay memory plus the intervals between the kept checkpoints.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import dataclasses
 import json
 import os
 import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,9 +28,11 @@ from typing import Any
 import numpy as np
 import torch
 
-FORMAT_VERSION = 2  # 1: value-atari 0.1 before issue 25, refused
+FORMAT_VERSION = 3  # 3: incremental replay frames; 2 (whole replay arrays per checkpoint) is still read; 1 refused
+READABLE_FORMATS = (2, 3)
 PREFIX = "step_"
-LARGE_ARRAY_BYTES = 4096  # replay arrays above this go to their own .npy file
+FRAMES = "replay_frames"  # RUN_DIR/checkpoints/replay_frames/: the replay memory's frames, each written once
+MANIFEST = "replay_segments.json"  # in each checkpoint folder: the segments it needs (read when deleting)
 
 
 class CheckpointError(ValueError):
@@ -33,13 +43,20 @@ class CheckpointError(ValueError):
 
 
 def save_checkpoint(
-    folder: Path, step: int, state: dict[str, Any], replay: dict[str, Any] | None = None, keep: int = 3
-) -> Path | None:
-    """Write ``state`` (and ``replay``, a replay memory's ``state_dict()``) as the checkpoint of ``step``
-    under ``folder``, then delete all but the newest ``keep``. Returns its path, or None, writing nothing, when
-    a floating-point tensor in ``state`` is not finite (such weights are no good to resume from)."""
+    folder: Path,
+    step: int,
+    state: dict[str, Any],
+    replay: Any = None,
+    keep: int = 3,
+    segments: list[dict[str, Any]] | None = None,
+) -> tuple[Path | None, list[dict[str, Any]] | None]:
+    """Write ``state`` as the checkpoint of ``step`` under ``folder``, with ``replay`` (a replay memory, or None):
+    its frames written since ``segments`` (the segment list of the checkpoint this process last wrote or resumed
+    from) appended as new segments, the rest of it whole. Then delete all but the newest ``keep`` checkpoints and
+    the segments none of them lists. Returns the checkpoint's path and its segment list; (None, None), writing
+    nothing, when a floating-point tensor in ``state`` is not finite (such weights are no good to resume from)."""
     if not _finite(state):
-        return None
+        return None, None
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"{PREFIX}{step:012d}"
@@ -47,28 +64,19 @@ def save_checkpoint(
     for stale in folder.glob(f"{PREFIX}*.tmp"):  # left by a kill during an earlier write
         shutil.rmtree(stale, ignore_errors=True)
     tmp.mkdir()
-    small, arrays = {}, {}
-    for name, value in (replay or {}).items():
-        if isinstance(value, np.ndarray) and value.nbytes > LARGE_ARRAY_BYTES:
-            arrays[name] = value
-        else:
-            small[name] = value
-    if arrays:
-        (tmp / "replay").mkdir()
-        for name, array in arrays.items():
-            with open(tmp / "replay" / f"{name}.npy", "wb") as f:
-                np.save(f, array, allow_pickle=False)
-                f.flush()
-                os.fsync(f.fileno())
-        _fsync_dir(tmp / "replay")
+    listed = None if replay is None else _write_frames(folder / FRAMES, replay, segments or [])
     stored = {
         **state,
         "format": FORMAT_VERSION,
         "step": step,
-        "replay": None if replay is None else {"small": small, "arrays": sorted(arrays)},
+        "replay": None if replay is None else {"small": replay.state_dict(frames=False), "segments": listed},
     }
     with open(tmp / "state.pt", "wb") as f:
         torch.save(_encode(stored), f)
+        f.flush()
+        os.fsync(f.fileno())
+    with open(tmp / MANIFEST, "w") as f:
+        json.dump([s["file"] for s in listed or []], f)
         f.flush()
         os.fsync(f.fileno())
     _fsync_dir(tmp)
@@ -78,7 +86,42 @@ def save_checkpoint(
     _fsync_dir(folder)
     for old in _complete(folder)[keep:]:
         shutil.rmtree(old, ignore_errors=True)
-    return final
+    if (folder / FRAMES).is_dir():  # the segments no kept checkpoint lists (also a killed write's)
+        kept = {name for path in _complete(folder) for name in _listed(path)}
+        for segment in (folder / FRAMES).iterdir():
+            if segment.name not in kept:
+                segment.unlink(missing_ok=True)
+    return final, listed
+
+
+def _write_frames(frames_dir: Path, replay: Any, segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Append the frames each ring wrote since ``segments`` and return the segments that rebuild every ring's
+    frames now (each ring's written indices ``[written - capacity, written)``)."""
+    frames_dir.mkdir(exist_ok=True)
+    token = uuid.uuid4().hex[:8]  # a resume from an older checkpoint writes other frames for the same indices
+    listed = []
+    for env in range(replay.num_envs):
+        written = int(replay.written[env])
+        oldest = max(0, written - replay.capacity)
+        mine = [s for s in segments if s["env"] == env and oldest < s["stop"] <= written]
+        start = max([oldest, *(s["stop"] for s in mine)])
+        if start < written:
+            name = f"env{env}_{start:012d}_{written:012d}_{token}.npy"
+            with open(frames_dir / name, "wb") as f:
+                np.save(f, replay.frames_written(env, start, written), allow_pickle=False)
+                f.flush()
+                os.fsync(f.fileno())
+            mine.append({"env": env, "start": start, "stop": written, "file": name})
+        listed += mine
+    _fsync_dir(frames_dir)
+    return listed
+
+
+def _listed(checkpoint: Path) -> list[str]:
+    try:
+        return json.loads((checkpoint / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return []
 
 
 @dataclass
@@ -97,10 +140,34 @@ class Checkpoint:
         return self.path.parent.parent
 
     def replay(self) -> dict[str, Any] | None:
-        """The saved replay memory's ``state_dict()`` (its arrays read from disk now), or None if none was saved."""
+        """The saved replay memory's ``state_dict()`` without its frames, or None if none was saved."""
         saved = self.state["replay"]
         if saved is None:
             return None
+        return saved["small"] if "segments" in saved else {k: v for k, v in self._format2_replay().items()}
+
+    def restore_replay(self, replay: Any) -> bool:
+        """Put the saved replay memory back into ``replay`` (its frames read from their segments); False if the
+        checkpoint holds none."""
+        saved = self.state["replay"]
+        if saved is None:
+            return False
+        if "segments" not in saved:  # format 2: the whole memory's arrays in this checkpoint
+            replay.load_state_dict(self._format2_replay())
+            return True
+        replay.load_state_dict(saved["small"], frames=False)
+        for segment in saved["segments"]:
+            frames = np.load(self.path.parent / FRAMES / segment["file"], mmap_mode="r", allow_pickle=False)
+            replay.load_frames_written(segment["env"], segment["start"], frames)
+        return True
+
+    @property
+    def segments(self) -> list[dict[str, Any]] | None:
+        saved = self.state["replay"]
+        return None if saved is None else saved.get("segments")
+
+    def _format2_replay(self) -> dict[str, Any]:
+        saved = self.state["replay"]
         arrays = {name: np.load(self.path / "replay" / f"{name}.npy", allow_pickle=False) for name in saved["arrays"]}
         return {**saved["small"], **arrays}
 
@@ -123,10 +190,10 @@ def load_checkpoint(path: Path, script: str) -> Checkpoint:
         raise CheckpointError(f"{state_file} cannot be read ({type(error).__name__}: {str(error)[:200]})") from None
     if not isinstance(state, dict) or "format" not in state:
         raise CheckpointError(f"{state_file} is not a value-atari checkpoint")
-    if state["format"] != FORMAT_VERSION:
+    if state["format"] not in READABLE_FORMATS:
         raise CheckpointError(
             f"{path} is a checkpoint of format {state['format']}, written by an earlier version of value-atari; "
-            f"this version reads format {FORMAT_VERSION} only: resume it with the version that wrote it "
+            f"this version reads formats {READABLE_FORMATS[0]} to {READABLE_FORMATS[-1]}: resume it with the version that wrote it "
             "(its receipt.json names the git revision) or start a new run"
         )
     if state["algo"] != algo:
@@ -134,9 +201,15 @@ def load_checkpoint(path: Path, script: str) -> Checkpoint:
             f"{path} was written by {state['algo']}.py, not {algo}.py: resume it with algos/{state['algo']}.py"
         )
     if state["replay"] is not None:
-        missing = [n for n in state["replay"]["arrays"] if not (path / "replay" / f"{n}.npy").is_file()]
+        if "segments" in state["replay"]:
+            files = [path.parent / FRAMES / s["file"] for s in state["replay"]["segments"]]
+        else:
+            files = [path / "replay" / f"{n}.npy" for n in state["replay"]["arrays"]]
+        missing = [f.name for f in files if not f.is_file()]
         if missing:
-            raise CheckpointError(f"{path}/replay lacks {', '.join(missing)} (an incomplete copy?)")
+            raise CheckpointError(
+                f"{path}: the replay memory's files {', '.join(missing[:3])} are missing (an incomplete copy?)"
+            )
     return Checkpoint(path=path, state=state)
 
 
@@ -171,9 +244,12 @@ def find_checkpoint(resume: str, script: str) -> Checkpoint:
         ) from None
 
 
-def resume_args(args: Any, checkpoint: Checkpoint) -> Any:
-    """The run's own arguments, as the checkpoint holds them; flags given beside ``--resume`` that differ from
-    them are ignored, with a word. A setting the script does not have refuses the checkpoint."""
+def resume_args(args: Any, checkpoint: Checkpoint, argv: list[str]) -> tuple[Any, dict[str, int] | None]:
+    """The run's own arguments, as the checkpoint holds them, and the extension asked for, if any. Flags given
+    beside ``--resume`` (``argv``) that differ from them are ignored, with a word, but for ``--total-timesteps``
+    above the run's: that extends the run (the exploration schedule keeps its end step: --exploration-fraction
+    is scaled). A finished run is resumed only so, from its final checkpoint; a setting the script does not
+    have refuses the checkpoint."""
     saved = dict(checkpoint.state["args"])
     unknown = sorted(set(saved) - set(vars(args)))
     if unknown:
@@ -182,15 +258,44 @@ def resume_args(args: Any, checkpoint: Checkpoint) -> Any:
             "written by another version of the script; resume it with that version (receipt.json names it)"
         )
     del saved["resume"]
+    total, asked = saved["total_timesteps"], args.total_timesteps
+    given = any(a.split("=")[0] in ("--total-timesteps", "--total_timesteps") for a in argv)
+    extension = {"from": total, "to": asked} if given and asked != total else None
+    run, finished = checkpoint.run_dir, _receipt(checkpoint.run_dir).get("status") == "finished"
+    if extension and asked < total:
+        raise CheckpointError(
+            f"--total-timesteps {asked:,} is below the run's {total:,}: a resume continues or extends a run, never "
+            f"shortens it; leave --total-timesteps out to continue it to {total:,}"
+        )
+    if finished and (extension is None or checkpoint.step < total):
+        final = [p for p in list_checkpoints(run) if int(p.name[len(PREFIX) :]) == total]
+        how = (
+            f"to train it further, extend it from its final checkpoint: --resume {run} --total-timesteps {2 * total}"
+            if final
+            else "it kept no checkpoint of its end (--checkpoint-every 0): start a new run to train further"
+        )
+        older = (
+            f" from step {checkpoint.step:,}, which would retrain it and replace them"
+            if checkpoint.step < total
+            else ""
+        )
+        raise CheckpointError(
+            f"--resume {args.resume}: this run finished at step {total:,}; its model and evaluations stay as they "
+            f"are, and it is not resumed{older}; {how}"
+        )
     defaults = type(args)()
     ignored = [
         f"--{k.replace('_', '-')}"
         for k, v in saved.items()
-        if getattr(args, k) != v and getattr(args, k) != getattr(defaults, k)
+        if k != "total_timesteps" and getattr(args, k) != v and getattr(args, k) != getattr(defaults, k)
     ]
     if ignored:
         print(f"warning: --resume continues with the run's own settings; ignoring {', '.join(ignored)}", flush=True)
-    return dataclasses.replace(args, **saved)
+    if extension:  # epsilon reaches its end at the same step as before: exploration_fraction * total
+        saved["total_timesteps"] = asked
+        if "exploration_fraction" in saved:
+            saved["exploration_fraction"] = saved["exploration_fraction"] * total / asked
+    return dataclasses.replace(args, **saved), extension
 
 
 # ---------------------------------------------------------------- what the scripts save and put back

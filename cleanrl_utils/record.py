@@ -168,7 +168,12 @@ class Record:
         }
 
     def resumed(
-        self, checkpoint: Any, replay_restored: bool | None, games_restored: bool, learning_starts: int
+        self,
+        checkpoint: Any,
+        replay_restored: bool | None,
+        games_restored: bool,
+        learning_starts: int,
+        extension: dict[str, int] | None = None,
     ) -> None:
         """Take the record back from ``checkpoint`` (``evaluations.json`` loses any evaluation written after it)
         and note this resume in the receipt."""
@@ -185,6 +190,7 @@ class Record:
                 "time": time.time(),
                 "buffer_restored": replay_restored,
                 "environments_restored": games_restored,
+                "extended": extension,  # {"from": the run's total, "to": the new --total-timesteps}
             }
         ]
         if replay_restored is None:  # a script without replay memory (PQN)
@@ -193,9 +199,10 @@ class Record:
             memory = "replay memory restored, "
         else:
             memory = f"replay memory empty: learning waits until step {learning_starts}, "
+        extended = f"; extended from {extension['from']:,} to {extension['to']:,} steps" if extension else ""
         self.print(
             f"resumed from {checkpoint.path} at step {checkpoint.step} ({memory}"
-            f"{'games continued' if games_restored else 'new games started'})"
+            f"{'games continued' if games_restored else 'new games started'}{extended})"
         )
         self.write_receipt()
         self.start_rate(checkpoint.step)  # steps/s counts this process's steps only
@@ -235,16 +242,20 @@ class Record:
         self.writer.add_scalar("charts/episodic_return", episodic_return, global_step)
         self.writer.add_scalar("charts/episodic_length", length, global_step)
 
-    def train_metrics(self, global_step: int, metrics: dict[str, float | torch.Tensor]) -> dict[str, float]:
-        """Log ``losses/*`` scalars and the TRAIN_METRICS line, and return the values read (called every 1000
-        steps: the only host synchronisation of the training loop)."""
-        values = {
-            key: float(value.detach()) if torch.is_tensor(value) else float(value) for key, value in metrics.items()
-        }
-        for key, value in values.items():
-            self.writer.add_scalar(f"losses/{key}", value, global_step)
-        fields = " ".join(f"{k}={v:.6g}" for k, v in values.items())
-        self.print(f"TRAIN_METRICS step={global_step} {fields}")
+    def train_metrics(
+        self, rows: list[tuple[int, dict[str, float | torch.Tensor]]], line: bool = True
+    ) -> list[dict[str, float]]:
+        """Log ``losses/*`` scalars at each row's step, read from the device at once (the training loop's one host
+        synchronisation, every 1000 steps), and the TRAIN_METRICS line of the newest row; return each row's values."""
+        tensors = [v.detach().float().reshape(()) for _, m in rows for v in m.values() if torch.is_tensor(v)]
+        read = iter(torch.stack(tensors).cpu().tolist() if tensors else [])
+        values = [{k: next(read) if torch.is_tensor(v) else float(v) for k, v in m.items()} for _, m in rows]
+        for (step, _), row in zip(rows, values, strict=True):
+            for key, value in row.items():
+                self.writer.add_scalar(f"losses/{key}", value, step)
+        if line:
+            fields = " ".join(f"{k}={v:.6g}" for k, v in values[-1].items())
+            self.print(f"TRAIN_METRICS step={rows[-1][0]} {fields}")
         return values
 
     def flush(self) -> None:
@@ -313,10 +324,14 @@ class Record:
         then, step = samples[0]
         return (global_step - step) / max(now - then, 1e-9)
 
-    def show_progress(self, global_step: int, total: int, sps: float) -> None:
+    def show_progress(self, global_step: int, total: int, sps: float, learning_starts: int | None = None) -> None:
         """A progress bar on a terminal; a plain line every 30 s otherwise. ``sps`` (``recent_sps``) gives the
-        time left."""
-        eta = format_eta((total - global_step) / sps if sps > 0 else None)
+        time left; before learning starts (``learning_starts``: its step) random play's rate says nothing of the
+        learning phase's, so the time left is given to the first update only."""
+        if learning_starts is None:
+            eta = format_eta((total - global_step) / sps if sps > 0 else None)
+        else:
+            eta = f"{format_eta((learning_starts - global_step) / sps if sps > 0 else None)} to learning"
         if self.interactive:
             if self.progress is None:
                 from tqdm import tqdm

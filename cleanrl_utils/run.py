@@ -45,6 +45,7 @@ from cleanrl_utils.random_state import random_state, set_random_state
 from cleanrl_utils.record import Record, nonfinite
 
 METRICS_EVERY = 1000  # agent steps between TRAIN_METRICS lines: the loop's one read of device values
+LOSSES_EVERY = 100  # agent steps between the losses/* points (CleanRL's), kept on the device until that read
 PROGRESS_EVERY = 100  # agent steps between SPS, epsilon and progress updates
 
 
@@ -56,14 +57,16 @@ class RunFlags:
     """torch's CPU threads (0: automatic, printed at start; see docs/throughput.md)"""
     run_dir: str = "runs"
     """the folder that receives the run folder"""
-    checkpoint_every: int = 250_000
-    """agent steps between checkpoints (0: only on SIGINT/SIGTERM); shorter runs write none"""
-    checkpoint_buffer: bool = False
-    """whether checkpoints hold the replay memory too (exact resume; ~7 GB per 1M transitions)"""
+    checkpoint_every: int = 100_000
+    """agent steps between checkpoints, and one at the end of training (0: only on SIGINT/SIGTERM)"""
+    checkpoint_buffer: bool = True
+    """whether checkpoints hold the replay memory (written incrementally: each checkpoint adds the frames stored
+    since the one before, and the disk holds about one memory); --no-checkpoint-buffer: a resume refills it"""
     checkpoint_keep: int = 3
     """how many of the newest checkpoints to keep"""
     resume: str | None = None
-    """a run folder (its newest checkpoint) or one checkpoint folder to continue, in the same run folder"""
+    """a run folder (its newest checkpoint) or one checkpoint folder to continue, in the same run folder; with a
+    larger --total-timesteps, a finished run is extended (the exploration schedule keeps its end step)"""
     buffer_device: Literal["host", "cuda"] = "host"
     """where the replay frames live: host memory, or the training GPU (about 7.1 GB per 1M transitions)"""
 
@@ -93,11 +96,12 @@ class Run:
         SIGINT/SIGTERM. A bad input ends the process here with its message (exit status 2), no run folder made."""
         self.setup_start = time.perf_counter()
         self.args, self.script = args, script
-        self.checkpoint = None
+        self.checkpoint, self.extension = None, None
         if args.resume:
             try:  # the run's newest checkpoint and its own settings; a bad checkpoint stops here
                 self.checkpoint = find_checkpoint(args.resume, script)
-                vars(args).update(vars(resume_args(args, self.checkpoint)))
+                resumed, self.extension = resume_args(args, self.checkpoint, sys.argv[1:])
+                vars(args).update(vars(resumed))
             except CheckpointError as error:
                 fail(str(error))
         self.has_replay = hasattr(args, "buffer_size")
@@ -170,6 +174,7 @@ class Run:
                 value if isinstance(value, (list, tuple)) else [value])]  # fmt: skip
         optimizers = {id(p): p for p in [*parts.values(), *held] if isinstance(p, torch.optim.Optimizer)}.values()
         self.updates_hooks = [optimizer.register_step_post_hook(self._count_update) for optimizer in optimizers]
+        self.segments = None
         if checkpoint is None:
             obs, global_step = envs.reset(), 0
         else:  # where the checkpoint left off: everything declared, put back
@@ -177,9 +182,8 @@ class Run:
             load_parts(parts, state)
             set_random_state(state["random"])  # Python's, NumPy's and torch's generators
             global_step = state["global_step"]
-            saved_replay = checkpoint.replay()  # None unless the run had --checkpoint-buffer
-            if replay is not None and saved_replay is not None:
-                replay.load_state_dict(saved_replay)
+            restored = replay is not None and checkpoint.restore_replay(replay)  # not with --no-checkpoint-buffer
+            self.segments = checkpoint.segments if restored else None  # the frames' segments this run continues
             if state["games"] is not None:  # games that can be saved (the tests' toy games) continue
                 envs.load_state_dict(state["games"])
                 obs = state["obs"]
@@ -188,12 +192,20 @@ class Run:
                 obs = envs.reset()
                 if replay is not None:
                     replay.cut_episodes()  # the stored games end there: their last transitions bootstrap
-            refilled = replay is not None and saved_replay is None
-            if refilled:  # an empty replay memory refills before learning again
+            if replay is not None and not restored:  # an empty replay memory refills before learning again
                 self.learning_starts = global_step + args.learning_starts
-            restored = None if replay is None else saved_replay is not None
-            self.record.resumed(checkpoint, restored, state["games"] is not None, self.learning_starts)
+            restored = restored if replay is not None else None
+            self.record.resumed(checkpoint, restored, state["games"] is not None, self.learning_starts, self.extension)
+            if restored is False and self.learning_starts >= args.total_timesteps:
+                self.record.print(
+                    f"warning: the run ends at step {args.total_timesteps:,} before its replay memory refills "
+                    f"(--learning-starts {args.learning_starts:,} after step {global_step:,}): it will not learn "
+                    "again. Extend it (--total-timesteps), or keep the replay memory in checkpoints (the default; "
+                    "this run has --no-checkpoint-buffer)"
+                )
         self.last_step = global_step  # the step of the previous ``step`` call: what each interval is counted from
+        self.losses: list[tuple[int, dict]] = []  # the losses/* points not yet read from the device
+        self.final_obs = obs
         self.env_seconds = envs.seconds
         self.record.timings["setup"] += time.perf_counter() - self.setup_start
         return obs, global_step
@@ -231,6 +243,8 @@ class Run:
         record.counts["transitions_stored"] += int(result.mask.sum())
         for _, episodic_return, length in result.episode_returns:
             record.episode(global_step, episodic_return, length)
+        if previous <= self.learning_starts < global_step:  # the learning phase's rate, not random play's
+            record.start_rate(global_step)
         if global_step // PROGRESS_EVERY > previous // PROGRESS_EVERY:
             record.timings["environment"] += self.envs.seconds - self.env_seconds  # the games' time, send to recv
             self.env_seconds = self.envs.seconds
@@ -238,20 +252,26 @@ class Run:
             torch.set_num_threads(self.threads.choose())  # re-read every 5 s
             record.scalar("charts/SPS", int(sps), global_step)
             record.scalar("charts/epsilon", epsilon, global_step)
-            record.show_progress(global_step, self.args.total_timesteps, sps)
+            learning = self.learning_starts if global_step <= self.learning_starts else None
+            record.show_progress(global_step, self.args.total_timesteps, sps, learning)
 
     def due(self, global_step: int, obs: np.ndarray, metrics: dict | None) -> bool:
         """What is due since the previous call: the metrics (every 1000 steps; a non-finite loss or weights stop
         the run, checkpoints kept), an evaluation, a checkpoint (or one after a signal). True: the loop must stop."""
         args, record, previous = self.args, self.record, self.last_step
-        self.last_step = global_step
+        self.last_step, self.final_obs = global_step, obs
 
         def crossed(every: int) -> bool:
             return bool(every) and global_step // every > previous // every
 
-        if crossed(METRICS_EVERY) and metrics:
-            values = record.train_metrics(global_step, metrics)
-            bad = nonfinite(values if getattr(args, "on_nonfinite", "stop") == "stop" else {}, self.policy)
+        if crossed(LOSSES_EVERY) and metrics:  # detached (no graph kept), still on the device: no wait here
+            self.losses.append((global_step, {k: v.detach() if torch.is_tensor(v) else v for k, v in metrics.items()}))
+        if crossed(METRICS_EVERY) and self.losses:
+            rows = record.train_metrics(self.losses)  # the ten points read at once: one host synchronisation
+            self.losses = []
+            stop = getattr(args, "on_nonfinite", "stop") == "stop"  # skip: the updates left non-finite ones out
+            bad = nonfinite({k: v for row in rows for k, v in row.items() if not np.isfinite(v)} if stop else {},
+                            self.policy)  # fmt: skip
             if bad:
                 record.close(status=f"failed: non-finite {bad} at step {global_step}")
                 self.stopped = "non-finite"
@@ -261,25 +281,43 @@ class Run:
             self.evaluate(global_step)
             record.write_receipt()
         if (crossed(args.checkpoint_every) and global_step < args.total_timesteps) or self.stop.requested:
-            with self.timed("checkpoint"):
-                state = {
-                    **parts_state(self.parts),
-                    "random": random_state(),
-                    "global_step": global_step,
-                    "obs": obs,
-                    "games": self.envs.state_dict() if self.envs.games_can_be_saved else None,
-                    **record.state_dict(),  # the algorithm, its arguments, the record so far
-                }
-                replay = self.replay.state_dict() if self.replay is not None and args.checkpoint_buffer else None
-                path = save_checkpoint(record.dir / "checkpoints", global_step, state, replay, args.checkpoint_keep)
-            record.checkpoint_written(path, global_step)
+            self.save(global_step, obs)
             if self.stop.requested:
                 record.close(status="interrupted")
                 where = f"{os.path.relpath(self.script)} --resume {record.dir}"
-                record.print(f"stopped at step {global_step} by {self.stop.requested}; resume with: python {where}")
+                kept = "with its replay memory" if self.replay is not None and args.checkpoint_buffer else (
+                    "without the replay memory (--no-checkpoint-buffer): a resume refills it for --learning-starts "
+                    "steps before learning; the default, --checkpoint-buffer, keeps it" if self.replay is not None
+                    else "")  # fmt: skip
+                record.print(
+                    f"stopped at step {global_step} by {self.stop.requested}; the checkpoint is kept {kept}; "
+                    f"resume with: python {where}".replace("kept ;", "kept;")
+                )
                 self.stopped = self.stop.requested
                 return True
         return False
+
+    def save(self, global_step: int, obs: np.ndarray) -> None:
+        """A checkpoint of everything declared, and the replay memory's new frames unless --no-checkpoint-buffer.
+        The losses/* points not yet read are written first: a resume continues the curves after this step."""
+        args, record = self.args, self.record
+        if self.losses:
+            record.train_metrics(self.losses, line=False)
+            self.losses = []
+        with self.timed("checkpoint"):
+            state = {
+                **parts_state(self.parts),
+                "random": random_state(),
+                "global_step": global_step,
+                "obs": obs,
+                "games": self.envs.state_dict() if self.envs.games_can_be_saved else None,
+                **record.state_dict(),  # the algorithm, its arguments, the record so far
+            }
+            replay = self.replay if args.checkpoint_buffer else None
+            folder, keep = record.dir / "checkpoints", args.checkpoint_keep
+            path, segments = save_checkpoint(folder, global_step, state, replay, keep, self.segments)
+        self.segments = segments if path is not None else self.segments
+        record.checkpoint_written(path, global_step)
 
     def evaluate(self, global_step: int, final: bool = False) -> None:
         """One evaluation of the policy network (--eval-episodes whole games, --eval-epsilon), under the games'
@@ -311,9 +349,14 @@ class Run:
         args, record, global_step = self.args, self.record, self.record.counts["env_steps"]
         self.stop.message = (
             f"training is done (step {global_step}); the final evaluation goes on to its end"
-            f"{' and the model is saved' if args.save_model else ''}, then the run ends as finished; no checkpoint "
-            "is written (signal again to exit at once, without the final evaluation)"
+            f"{' and the model is saved' if args.save_model else ''}, then the run ends as finished; no other "
+            "checkpoint than the end of training's is written (signal again to exit at once, without the final "
+            "evaluation)"
         )
+        if args.checkpoint_every:  # the end of training: what an extension (--total-timesteps) continues from
+            self.save(global_step, self.final_obs)
+        elif self.losses:
+            record.train_metrics(self.losses, line=False)
         record.print(f"training done at step {global_step}; final evaluation of {args.eval_episodes} games")
         self.evaluate(global_step, final=True)
         if args.save_model:

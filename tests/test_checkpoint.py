@@ -26,7 +26,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from cleanrl_utils.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 
-TOTAL = 1000  # 400 updates; checkpoints at 300, 600 and 900, evaluations at 400, 800 and the end
+TOTAL = 1000  # 400 updates; checkpoints at 300, 600, 900 and the end, evaluations at 400, 800 and the end
 # one torch thread, fixed, for exactness (tests/conftest.py's FAST_LEARNING says why)
 TOY = [
     "--env-id", "tests.toy_envs:DelayedImage-v0", "--total-timesteps", str(TOTAL), "--learning-starts", "200",
@@ -98,6 +98,12 @@ def assert_same_run(resumed: Path, reference: Path) -> None:
     assert [e["step"] for e in evaluations] == [400, 800, TOTAL]
 
 
+def stopped(run_dir: Path) -> None:
+    """the run's receipt as a run stopped after its checkpoints says (a finished run refuses a plain --resume)"""
+    receipt = json.loads((run_dir / "receipt.json").read_text())
+    (run_dir / "receipt.json").write_text(json.dumps({**receipt, "status": "interrupted"}))
+
+
 def resume(run_dir: Path, script: str = "dqn") -> subprocess.CompletedProcess:
     done = run_python(f"algos/{script}.py", "--resume", str(run_dir), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -145,7 +151,7 @@ def test_kill_9_at_a_random_moment_then_resume_finishes_whole_and_bit_identical(
 @REFERENCE
 def test_bad_checkpoints_are_refused_and_the_older_one_offered(uninterrupted, tmp_path):
     checkpoints = list_checkpoints(uninterrupted)
-    assert [c.name for c in checkpoints] == ["step_000000000900", "step_000000000600", "step_000000000300"]
+    assert [c.name for c in checkpoints] == ["step_000000001000", "step_000000000900", "step_000000000600"]
     copy = tmp_path / uninterrupted.name
     subprocess.run(["cp", "-r", str(uninterrupted), str(copy)], check=True)
     newest, older, _ = list_checkpoints(copy)
@@ -163,7 +169,7 @@ def test_bad_checkpoints_are_refused_and_the_older_one_offered(uninterrupted, tm
         assert done.returncode != 0 and "Traceback" not in done.stderr, (name, done.stderr)
         assert f"refusing checkpoint {newest}" in done.stderr and f"--resume {older}" in done.stderr, done.stderr
         assert state_file.read_bytes() == content, "a refused checkpoint must be left as it was"
-    assert load_checkpoint(older, "dqn.py").step == 600  # the older one still loads
+    assert load_checkpoint(older, "dqn.py").step == 900  # the older one still loads
 
     done = run_python("algos/double_dqn.py", "--resume", str(older), timeout=120)
     assert done.returncode != 0 and "written by dqn.py, not double_dqn.py" in done.stderr, done.stderr
@@ -226,6 +232,7 @@ def test_a_real_game_resumes_with_new_games_and_an_empty_replay(tmp_path):
         "--env-id", "BreakoutNoFrameskip-v4", "--total-timesteps", "700", "--learning-starts", "100",
         "--buffer-size", "400", "--num-envs", "2", "--checkpoint-every", "300", "--eval-every", "0",
         "--eval-episodes", "1", "--eval-epsilon", "1", "--device", "cpu", "--run-dir", str(tmp_path),
+        "--no-checkpoint-buffer",
     ]  # fmt: skip
     process = subprocess.Popen(
         [sys.executable, "algos/dqn.py", *flags], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -252,11 +259,12 @@ def test_a_resume_whose_first_logging_step_comes_before_its_first_update_finishe
     flags = [
         "--env-id", "tests.toy_envs:ImageBandit-v0", "--total-timesteps", "2100", "--learning-starts", "499",
         "--buffer-size", "1000", "--checkpoint-every", "1500", "--eval-every", "0", "--eval-episodes", "1",
-        "--train-frequency", "16", "--device", "cpu", "--run-dir", str(tmp_path),
+        "--train-frequency", "16", "--device", "cpu", "--run-dir", str(tmp_path), "--no-checkpoint-buffer",
     ]  # fmt: skip
     first = run_python("algos/dqn.py", *flags, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     [run_dir] = tmp_path.glob("*")
+    stopped(run_dir)
     again = run_python("algos/dqn.py", "--resume", str(run_dir / "checkpoints" / "step_000000001500"), timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "learning waits until step 1999" in again.stdout
@@ -329,13 +337,14 @@ def test_resume_given_the_run_dir_resumes_its_one_run_or_lists_several(uninterru
     assert several.returncode == 2 and "Traceback" not in several.stderr
     assert "is a folder of 2 runs, 2 of them dqn runs with a checkpoint" in several.stderr, several.stderr
     for name in ("first", "second"):
-        assert f"{runs / name}  (dqn, finished, newest checkpoint at step 900)" in several.stderr
+        assert f"{runs / name}  (dqn, finished, newest checkpoint at step 1000)" in several.stderr
     assert "the run wrote none" not in several.stderr
 
     other = run_python("algos/c51.py", "--resume", str(runs), timeout=120)  # runs of another script only
     assert other.returncode == 2 and "0 of them c51 runs with a checkpoint" in other.stderr, other.stderr
 
     subprocess.run(["rm", "-r", str(runs / "second")], check=True)
+    stopped(runs / "first")
     for model in (runs / "first").glob("*.cleanrl_model"):
         model.unlink()
     one = run_python("algos/dqn.py", "--resume", str(runs), timeout=600)
@@ -355,7 +364,7 @@ def test_a_checkpoint_of_another_format_or_with_a_setting_the_script_lacks_is_re
     original = (checkpoint / "state.pt").read_bytes()
     state = torch.load(checkpoint / "state.pt", weights_only=True)
     for changed, words in [
-        ({"format": 1}, "format 1, written by an earlier version of value-atari; this version reads format 2 only"),
+        ({"format": 1}, "format 1, written by an earlier version of value-atari; this version reads formats 2 to 3"),
         ({"args": {**state["args"], "prioritized": True}}, "settings this script does not have (prioritized)"),
     ]:
         torch.save({**state, **changed}, checkpoint / "state.pt")
@@ -364,6 +373,7 @@ def test_a_checkpoint_of_another_format_or_with_a_setting_the_script_lacks_is_re
         assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
         assert {p: p.stat().st_mtime_ns for p in copy.rglob("*")} == before, "a refused resume wrote something"
     (checkpoint / "state.pt").write_bytes(original)
+    stopped(copy)
     for model in copy.glob("*.cleanrl_model"):
         model.unlink()
     done = run_python("algos/dqn.py", "--resume", str(copy), timeout=600)

@@ -74,7 +74,7 @@ def hard_sync_run(tmp_path_factory) -> tuple[Path, str]:
 def test_the_target_network_is_the_online_network_right_after_each_sync_and_not_between(hard_sync_run):
     run_dir, _ = hard_sync_run
     taken = snapshots(run_dir, "dqn")
-    assert len(taken) == TOTAL // (TARGET_FREQUENCY // 2) - 1  # one at each crossing of 25 before the end
+    assert len(taken) == TOTAL // (TARGET_FREQUENCY // 2)  # one at each crossing of 25, and the end's
     after_sync = between = 0
     for step, state in taken:
         q, target = networks(state)
@@ -112,7 +112,7 @@ def test_a_soft_update_mixes_the_online_network_into_the_target_by_tau(tmp_path)
     tau = 0.25
     run_dir, _ = run_loop("dqn", tmp_path, "--tau", str(tau), "--checkpoint-every", str(TARGET_FREQUENCY))
     taken = snapshots(run_dir, "dqn")  # one at each sync step
-    assert [step for step, _ in taken] == [s for s in range(GAMES, TOTAL, GAMES) if crosses(s, TARGET_FREQUENCY)]
+    assert [step for step, _ in taken] == [s for s in range(GAMES, TOTAL + 1, GAMES) if crosses(s, TARGET_FREQUENCY)]
     previous_target = None
     mixes = 0
     for step, state in taken:
