@@ -121,11 +121,8 @@ class Run:
         if self.has_replay:
             self.buffer_device = pick_buffer_device(args.buffer_device, self.device)  # cuda: the frames on the GPU
             check_memory(args.buffer_size, bytes_per_transition(), self.buffer_device)
-        elif args.checkpoint_buffer or args.buffer_device != "host":
-            fail(
-                f"--checkpoint-buffer and --buffer-device are for replay memory; {Path(script).name} has none: leave "
-                "them out"
-            )
+        elif args.buffer_device != "host":
+            fail(f"--buffer-device is for replay memory; {Path(script).name} has none: leave it out")
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)

@@ -128,7 +128,7 @@ OWN = {  # each script's own flags
         case("--num-envs", "0", words=["--num-envs"]),
         case("--total-timesteps", "0", words=["--total-timesteps"]),
         case("--env-id", "ALE/Breakout-v5", words=["--env-id", "BreakoutNoFrameskip-v4"]),
-        case("--checkpoint-buffer", words=["--checkpoint-buffer", "pqn.py has none"]),
+        case("--buffer-device", "cuda", words=["--buffer-device", "pqn.py has none"]),
         case("--resume", "runs/no_such_run", words=["--resume", "no such run folder"]),
     ],
 }  # fmt: skip
