@@ -144,7 +144,7 @@ class Checkpoint:
         saved = self.state["replay"]
         if saved is None:
             return None
-        return saved["small"] if "segments" in saved else {k: v for k, v in self._format2_replay().items()}
+        return saved["small"] if "segments" in saved else self._format2_replay()
 
     def restore_replay(self, replay: Any) -> bool:
         """Put the saved replay memory back into ``replay`` (its frames read from their segments); False if the

@@ -282,13 +282,17 @@ class Run:
             if self.stop.requested:
                 record.close(status="interrupted")
                 where = f"{os.path.relpath(self.script)} --resume {record.dir}"
-                kept = "with its replay memory" if self.replay is not None and args.checkpoint_buffer else (
-                    "without the replay memory (--no-checkpoint-buffer): a resume refills it for --learning-starts "
-                    "steps before learning; the default, --checkpoint-buffer, keeps it" if self.replay is not None
-                    else "")  # fmt: skip
+                if self.replay is None:  # PQN: no replay memory to speak of
+                    kept = "the checkpoint is kept"
+                elif args.checkpoint_buffer:
+                    kept = "the checkpoint is kept with its replay memory"
+                else:
+                    kept = (
+                        "the checkpoint is kept without the replay memory (--no-checkpoint-buffer): a resume refills "
+                        "it for --learning-starts steps before learning; the default, --checkpoint-buffer, keeps it"
+                    )
                 record.print(
-                    f"stopped at step {global_step} by {self.stop.requested}; the checkpoint is kept {kept}; "
-                    f"resume with: python {where}".replace("kept ;", "kept;")
+                    f"stopped at step {global_step} by {self.stop.requested}; {kept}; resume with: python {where}"
                 )
                 self.stopped = self.stop.requested
                 return True
