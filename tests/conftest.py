@@ -119,6 +119,12 @@ def weights(run_dir: Path) -> dict:
     return torch.load(model, weights_only=True)["state_dict"]
 
 
+def mark_interrupted(run_dir: Path) -> None:
+    """the run's receipt as a run stopped after its checkpoints says (a finished run refuses a plain --resume)"""
+    receipt = json.loads((run_dir / "receipt.json").read_text())
+    (run_dir / "receipt.json").write_text(json.dumps({**receipt, "status": "interrupted"}))
+
+
 def read_json(path: Path):
     return json.loads(path.read_text())
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, run_python, weights
+from conftest import REPO, mark_interrupted, run_python, weights
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanrl_utils.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
@@ -96,12 +96,6 @@ def assert_same_run(resumed: Path, reference: Path) -> None:
         assert len(steps) == len(set(steps)), f"{tag} has duplicate steps"
     evaluations = json.loads((resumed / "evaluations.json").read_text())
     assert [e["step"] for e in evaluations] == [400, 800, TOTAL]
-
-
-def stopped(run_dir: Path) -> None:
-    """the run's receipt as a run stopped after its checkpoints says (a finished run refuses a plain --resume)"""
-    receipt = json.loads((run_dir / "receipt.json").read_text())
-    (run_dir / "receipt.json").write_text(json.dumps({**receipt, "status": "interrupted"}))
 
 
 def resume(run_dir: Path, script: str = "dqn") -> subprocess.CompletedProcess:
@@ -264,7 +258,7 @@ def test_a_resume_whose_first_logging_step_comes_before_its_first_update_finishe
     first = run_python("algos/dqn.py", *flags, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     [run_dir] = tmp_path.glob("*")
-    stopped(run_dir)
+    mark_interrupted(run_dir)
     again = run_python("algos/dqn.py", "--resume", str(run_dir / "checkpoints" / "step_000000001500"), timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "learning waits until step 1999" in again.stdout
@@ -344,7 +338,7 @@ def test_resume_given_the_run_dir_resumes_its_one_run_or_lists_several(uninterru
     assert other.returncode == 2 and "0 of them c51 runs with a checkpoint" in other.stderr, other.stderr
 
     subprocess.run(["rm", "-r", str(runs / "second")], check=True)
-    stopped(runs / "first")
+    mark_interrupted(runs / "first")
     for model in (runs / "first").glob("*.cleanrl_model"):
         model.unlink()
     one = run_python("algos/dqn.py", "--resume", str(runs), timeout=600)
@@ -373,7 +367,7 @@ def test_a_checkpoint_of_another_format_or_with_a_setting_the_script_lacks_is_re
         assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
         assert {p: p.stat().st_mtime_ns for p in copy.rglob("*")} == before, "a refused resume wrote something"
     (checkpoint / "state.pt").write_bytes(original)
-    stopped(copy)
+    mark_interrupted(copy)
     for model in copy.glob("*.cleanrl_model"):
         model.unlink()
     done = run_python("algos/dqn.py", "--resume", str(copy), timeout=600)

@@ -8,7 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, read_json, run_python, run_script, weights
+from conftest import REPO, mark_interrupted, read_json, run_python, run_script, weights
 
 from cleanrl_utils.tools.evaluate import load_algorithm
 
@@ -166,6 +166,7 @@ def test_pqn_resumed_at_a_rollout_boundary_ends_bit_identical(toy, tmp_path):
     subprocess.run(["cp", "-r", str(straight), str(copy)], check=True)
     for model in copy.glob("*.cleanrl_model"):
         model.unlink()
+    mark_interrupted(copy)  # as if stopped after that checkpoint: a finished run refuses an older checkpoint
     again = run_python("algos/pqn.py", "--resume", str(copy / "checkpoints" / "step_000000002048"), timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout and "games continued" in again.stdout, again.stdout[-2000:]

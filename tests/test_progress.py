@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, run_python
+from conftest import REPO, mark_interrupted, run_python
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanrl_utils.record import Record
@@ -26,12 +26,6 @@ TINY = ["--env-id", BANDIT, "--buffer-size", "500", "--learning-starts", "100", 
 TINY += ["--device", "cpu"]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "CI": "true"}
 SCRIPTS = sorted((REPO / "algos").glob("*.py"))
-
-
-def stopped(run_dir: Path) -> None:
-    """the run's receipt as a run stopped after its checkpoints says (a finished run refuses a plain --resume)"""
-    receipt = json.loads((run_dir / "receipt.json").read_text())
-    (run_dir / "receipt.json").write_text(json.dumps({**receipt, "status": "interrupted"}))
 
 
 def make_run(tmp_path: Path) -> Record:
@@ -97,7 +91,7 @@ def test_a_resumed_run_logs_its_own_rate_not_one_diluted_by_the_earlier_process(
     state = torch.load(checkpoint / "state.pt", weights_only=True)
     state["run"]["wall_seconds"] = 1e6
     torch.save(state, checkpoint / "state.pt")
-    stopped(run_dir)
+    mark_interrupted(run_dir)
     again = run_python("algos/dqn.py", "--resume", str(checkpoint), timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
