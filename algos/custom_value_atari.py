@@ -7,6 +7,7 @@
 import os
 import sys
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -37,7 +38,7 @@ class Args(RunFlags):  # + the shared flags for running: threads, run folder, ch
     """seed of the experiment"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    device: str = "auto"
+    device: Literal["auto", "cuda", "mps", "cpu"] = "auto"
     """auto (CUDA, then MPS, then CPU), cuda, mps or cpu"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""

@@ -24,7 +24,7 @@ class Args(RunFlags):  # + the shared flags for running: threads, run folder, ch
     """seed of the experiment"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    device: str = "auto"
+    device: Literal["auto", "cuda", "mps", "cpu"] = "auto"
     """auto (CUDA, then MPS, then CPU), cuda, mps or cpu"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""

@@ -187,7 +187,10 @@ def load_checkpoint(path: Path, script: str) -> Checkpoint:
     try:
         state = _decode(torch.load(state_file, map_location="cpu", weights_only=True))
     except Exception as error:  # truncated, corrupted or foreign files all land here
-        raise CheckpointError(f"{state_file} cannot be read ({type(error).__name__}: {str(error)[:200]})") from None
+        said = str(error).strip().split(". ")[0].rstrip(".")  # torch's first sentence, whole; the rest is advice
+        raise CheckpointError(
+            f"{state_file} cannot be read: a truncated, corrupted or foreign file ({type(error).__name__}: {said})"
+        ) from None
     if not isinstance(state, dict) or "format" not in state:
         raise CheckpointError(f"{state_file} is not a value-atari checkpoint")
     if state["format"] not in READABLE_FORMATS:

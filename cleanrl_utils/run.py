@@ -69,6 +69,12 @@ class RunFlags:
     larger --total-timesteps, a finished run is extended (the exploration schedule keeps its end step)"""
     buffer_device: Literal["host", "cuda"] = "host"
     """where the replay frames live: host memory, or the training GPU (about 7.1 GB per 1M transitions)"""
+    cuda: bool | None = None
+    """CleanRL's flag, not kept: --device picks the device (--cuda False is --device cpu)"""
+    upload_model: bool = False
+    """CleanRL's Hugging Face upload, not kept: --save-model writes the model into the run folder"""
+    hf_entity: str | None = None
+    """CleanRL's Hugging Face upload, not kept (see --upload-model)"""
 
 
 class StopFlag:

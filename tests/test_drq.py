@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, assert_stopped_early, read_json, run_cases, run_python, scalars, weights
+from conftest import REPO, assert_stopped_early, mark_interrupted, read_json, run_cases, run_python, scalars, weights
 from test_script_losses import float64_parameters, nature_features
 
 from cleanrl_utils.buffer import ReplayBatch, ReplayBuffer
@@ -360,6 +360,7 @@ def test_resumed_from_a_checkpoint_ends_bit_identical(toy_run, tmp_path):
     subprocess.run(["cp", "-r", str(straight), str(copy)], check=True)
     for model in copy.glob("*.cleanrl_model"):
         model.unlink()
+    mark_interrupted(copy)  # as if stopped after that checkpoint: a finished run refuses an older checkpoint
     again = run_python("algos/drq.py", "--resume", str(copy / "checkpoints" / "step_000000000900"), timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout and "games continued" in again.stdout, again.stdout[-2000:]

@@ -5,19 +5,21 @@ python -m cleanrl_utils.tools.evaluate runs/RUN/dqn.cleanrl_model --episodes 10
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import inspect
-import json
+import json as json_module
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import gymnasium as gym
 import numpy as np
 import torch
+import tyro
 
+from cleanrl_utils.checks import fail
 from cleanrl_utils.envs import EnvIdError, ale_game, check_env_id
 from cleanrl_utils.evaluation import evaluate
 from cleanrl_utils.scores import human_normalized_score
@@ -65,51 +67,43 @@ def summary(result: dict[str, Any], model_path: str) -> str:
     )
 
 
+PROTOCOL = tyro.conf.create_mutex_group(required=False, title="the protocol")
+
+
+@dataclass
+class EvaluateArgs:
+    """Evaluate a model saved by a run (--save-model) on whole games, as the runs evaluate: raw game score, no
+    life-loss ending, up to 30 no-op starts, epsilon-greedy actions. The games are played one after another; a
+    line per game goes to standard error as it ends, then a summary to standard output. Example:
+    python -m cleanrl_utils.tools.evaluate runs/BreakoutNoFrameskip-v4__dqn__1__1700000000/dqn.cleanrl_model"""
+
+    model_path: Annotated[tyro.conf.Positional[str], tyro.conf.arg(metavar="MODEL_PATH")]
+    """the .cleanrl_model file a run saved in its run folder (--save-model)"""
+    episodes: int = 10
+    """how many whole games to play"""
+    epsilon: float = 0.01
+    """the probability of a random action at each step (as the runs' evaluations; 0: greedy)"""
+    seed: int = 12345
+    """the seed of the first game; game i uses SEED + i"""
+    env_id: str | None = None
+    """the game to play (None: the one the model was trained on); it must have as many actions"""
+    forced_steps: Annotated[tyro.conf.FlagCreatePairsOff[bool], PROTOCOL] = False
+    """FIRE (and the NOOP after a life loss) pressed for the agent; neither flag: as the model's run played"""
+    no_forced_steps: Annotated[tyro.conf.FlagCreatePairsOff[bool], PROTOCOL] = False
+    """nothing pressed for the agent (DrQ's Atari 100k default); neither flag: as the model's run played"""
+    json: tyro.conf.FlagCreatePairsOff[bool] = False
+    """print the result as one JSON object (per-game returns and lengths, mean, std, action histogram,
+    human-normalized score) instead of the summary"""
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m cleanrl_utils.tools.evaluate",
-        description="Evaluate a model saved by a run (--save-model) on whole games, as the runs evaluate: raw "
-        "game score, no life-loss ending, up to 30 no-op starts, epsilon-greedy actions. The games are played "
-        "one after another; a line per game goes to standard error as it ends, then a summary to standard output.",
-        epilog="example: python -m cleanrl_utils.tools.evaluate runs/BreakoutNoFrameskip-v4__dqn__1__1700000000/"
-        "dqn.cleanrl_model --episodes 10",
-    )
-    parser.add_argument("model_path", help="the .cleanrl_model file a run saved in its run folder (--save-model)")
-    parser.add_argument("--episodes", type=int, default=10, help="how many whole games to play (default: 10)")
-    parser.add_argument(
-        "--epsilon",
-        type=float,
-        default=0.01,
-        help="the probability of a random action at each step (default: 0.01, as the runs' evaluations; 0: greedy)",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=12345, help="the seed of the first game; game i uses SEED + i (default: 12345)"
-    )
-    parser.add_argument(
-        "--env-id",
-        default=None,
-        help="the game to play (default: the one the model was trained on); it must have as many actions",
-    )
-    parser.add_argument(
-        "--forced-steps",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="whether FIRE (and the NOOP after a life loss) is pressed for the agent (default: as the model's run "
-        "played; DrQ's Atari 100k default: not)",
-    )
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="print the result as one JSON object (per-game returns and lengths, mean, std, action histogram, "
-        "human-normalized score) instead of the summary",
-    )
-    args = parser.parse_args(argv)
+    args = tyro.cli(EvaluateArgs, args=argv, prog="python -m cleanrl_utils.tools.evaluate")
     if args.episodes < 1:
-        parser.error(f"--episodes {args.episodes} must be at least 1")
+        fail(f"--episodes {args.episodes} must be at least 1")
     if not 0.0 <= args.epsilon <= 1.0:
-        parser.error(f"--epsilon {args.epsilon} must be in [0, 1] (0: greedy)")
+        fail(f"--epsilon {args.epsilon} must be in [0, 1] (0: greedy)")
     if not Path(args.model_path).is_file():
-        parser.error(f"{args.model_path}: no such file; give the .cleanrl_model a run saved with --save-model")
+        fail(f"{args.model_path}: no such file; give the .cleanrl_model a run saved with --save-model")
     saved = torch.load(args.model_path, map_location="cpu", weights_only=True)
     script = Path(saved["algo_script"])
     if not script.exists():  # the repository moved: find the script beside this package
@@ -118,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     taken = inspect.signature(module.QNetwork).parameters  # every script's network: QNetwork(n_actions, **settings)
     unknown = sorted(set(saved["network_kwargs"]) - set(taken))
     if unknown:
-        parser.error(
+        fail(
             f"{args.model_path} was saved with network settings algos/{saved['algo']}.py's QNetwork does not take "
             f"({', '.join(unknown)}): an earlier version of the script saved it; evaluate it with that version"
         )
@@ -126,12 +120,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         q_network.load_state_dict(saved["state_dict"])
     except RuntimeError as error:
-        parser.error(f"{args.model_path} does not fit algos/{saved['algo']}.py's network as it is now: {error}")
+        fail(f"{args.model_path} does not fit algos/{saved['algo']}.py's network as it is now: {error}")
     env_id = args.env_id or saved["env_id"]
     n_actions = saved["n_actions"]
-    forced_steps = saved.get("forced_steps") if args.forced_steps is None else args.forced_steps
+    forced_steps = True if args.forced_steps else False if args.no_forced_steps else saved.get("forced_steps")
     if forced_steps is None:
-        parser.error(
+        fail(
             f"{args.model_path} does not record its protocol (saved by an earlier version of value-atari): "
             "say how to play it, --forced-steps (FIRE pressed for the agent, every script but drq.py's default) "
             "or --no-forced-steps"
@@ -140,10 +134,10 @@ def main(argv: list[str] | None = None) -> None:
         try:
             check_env_id(env_id)
         except EnvIdError as error:
-            parser.error(str(error))
+            fail(str(error))
         env = gym.make(env_id)
         if env.action_space.n != n_actions:
-            parser.error(f"--env-id {env_id} has {env.action_space.n} actions, the model {n_actions}")
+            fail(f"--env-id {env_id} has {env.action_space.n} actions, the model {n_actions}")
         env.close()
     games = []
     for i in range(args.episodes):  # one game at a time, so that each shows as it ends
@@ -174,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
         "seeds": [args.seed + i for i in range(args.episodes)],
         "forced_steps": forced_steps,
     }
-    print(json.dumps(result) if args.json else summary(result, args.model_path), flush=True)
+    print(json_module.dumps(result) if args.json else summary(result, args.model_path), flush=True)
 
 
 if __name__ == "__main__":
