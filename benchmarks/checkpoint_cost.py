@@ -24,16 +24,50 @@ import torch
 
 from cleanrl_utils.buffer import ReplayBuffer
 from cleanrl_utils.checkpoint import FRAMES, save_checkpoint
+from cleanrl_utils.envs import TrainEnvs
 
 
-def store(buffer: ReplayBuffer, count: int, rng: np.random.Generator) -> None:
-    """``count`` transitions of one long episode, written as ``add`` writes them (one frame per transition)"""
+def store(buffer: ReplayBuffer, count: int, rng: np.random.Generator, game: GameFrames | None = None) -> None:
+    """``count`` transitions of one long episode, written as ``add`` writes them (one frame per transition):
+    random bytes (incompressible, the worst case), or ``game``'s real frames"""
     obs = rng.integers(0, 256, (1, 4, 84, 84), dtype=np.uint8)
     for _ in range(count):
-        frame = rng.integers(0, 256, (1, 1, 84, 84), dtype=np.uint8)
+        frame = rng.integers(0, 256, (1, 1, 84, 84), dtype=np.uint8) if game is None else game.next()
         next_obs = np.concatenate([obs[:, 1:], frame], axis=1)
         buffer.add(obs, next_obs, [0], [0.0], [False], [False])
         obs = next_obs
+
+
+class GameFrames:
+    """The newest 84x84 frames of a real game played at random (the run's preprocessing), restarted at its end."""
+
+    def __init__(self, env_id: str) -> None:
+        self.envs = TrainEnvs(env_id, 1, seed=0)
+        self.obs = self.envs.reset()
+
+    def next(self) -> np.ndarray:
+        self.obs = self.envs.step(np.random.randint(self.envs.n_actions, size=1)).next_obs
+        return self.obs[:, -1:]
+
+
+def compression(frames: np.ndarray) -> dict:
+    """zstandard on one segment's frames: the ratio and the time, per level (one thread, as a checkpoint would)"""
+    import zstandard
+
+    raw = frames.tobytes()
+    found = {}
+    for level in (1, 3):
+        t0 = time.perf_counter()
+        packed = zstandard.ZstdCompressor(level=level).compress(raw)
+        seconds = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        zstandard.ZstdDecompressor().decompress(packed)
+        found[f"level_{level}"] = {
+            "ratio": round(len(raw) / len(packed), 2),
+            "compress_MB_per_s": round(len(raw) / 1e6 / seconds, 1),
+            "decompress_MB_per_s": round(len(raw) / 1e6 / (time.perf_counter() - t0), 1),
+        }
+    return found
 
 
 def folder_bytes(folder: Path) -> int:
@@ -60,21 +94,29 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=int, default=4, help="checkpoints written after the memory is full")
     parser.add_argument("--keep", type=int, default=3, help="--checkpoint-keep")
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary folder under /tmp)")
+    parser.add_argument("--game", default=None, help="real frames of this game at random play (default: random bytes)")
     parser.add_argument("--json", default=None)
     cli = parser.parse_args()
     rng = np.random.default_rng(0)
     root = Path(tempfile.mkdtemp(dir=cli.dir))
     buffer = ReplayBuffer(cli.transitions, 1, seed=0)
-    store(buffer, cli.transitions, rng)  # a full memory
+    game = GameFrames(cli.game) if cli.game else None
+    store(buffer, cli.transitions, rng, game)  # a full memory
     state = {"algo": "dqn", "weights": torch.zeros(1_700_000)}  # about a network's size beside it
-    report: dict = {"transitions": cli.transitions, "interval": cli.interval, "keep": cli.keep, "rounds": []}
+    report: dict = {
+        "transitions": cli.transitions,
+        "interval": cli.interval,
+        "keep": cli.keep,
+        "frames": cli.game or "random bytes",
+        "rounds": [],
+    }
     segments = None
     try:
         t0 = time.perf_counter()
         _, segments = save_checkpoint(root / "new", 0, state, buffer, cli.keep, segments)
         first = time.perf_counter() - t0
         for k in range(1, cli.checkpoints + 1):
-            store(buffer, cli.interval, rng)
+            store(buffer, cli.interval, rng, game)
             before = folder_bytes(root / "new")
             t0 = time.perf_counter()
             _, segments = save_checkpoint(root / "new", k, state, buffer, cli.keep, segments)
@@ -98,6 +140,9 @@ def main() -> None:
         memory_bytes = buffer.frames.nbytes + sum(
             v.nbytes for v in buffer.state_dict(frames=False).values() if isinstance(v, np.ndarray)
         )
+        segment = buffer.frames_written(0, int(buffer.written[0]) - cli.interval, int(buffer.written[0]))
+        report["zstandard_on_a_segment"] = compression(np.ascontiguousarray(segment))
+        print(json.dumps(report["zstandard_on_a_segment"]), flush=True)
         report.update(
             first_checkpoint_seconds=round(first, 3),
             memory_bytes=memory_bytes,

@@ -7,7 +7,8 @@ fsynced, then renamed: a checkpoint folder without ``.tmp`` is complete.
 
 A replay memory is saved incrementally. Its frames (all but a few bytes of each transition) go to
 ``RUN_DIR/checkpoints/replay_frames/`` as append-only segments, one file per environment's ring and checkpoint,
-holding only the frames written since the checkpoint before; the rest of the memory (actions, rewards, flags,
+holding only the frames written since the checkpoint before (raw uint8 frames, zstandard level 1: Atari frames
+shrink tens of times, faster than the disk takes them; benchmarks/RESULTS.md); the rest of the memory (actions, rewards, flags,
 the rings' counters: about 11 bytes a transition) goes whole into ``state.pt`` with the list of segments that
 rebuild its frames. A segment is complete before the checkpoint that lists it is renamed into place, and a
 segment is deleted only when no kept checkpoint lists it: a kill at any moment leaves the newest complete
@@ -27,11 +28,13 @@ from typing import Any
 
 import numpy as np
 import torch
+import zstandard
 
 FORMAT_VERSION = 3  # 3: incremental replay frames; 2 (whole replay arrays per checkpoint) is still read; 1 refused
 READABLE_FORMATS = (2, 3)
 PREFIX = "step_"
 FRAMES = "replay_frames"  # RUN_DIR/checkpoints/replay_frames/: the replay memory's frames, each written once
+SEGMENT_CHUNK = 10_000  # frames compressed or restored at a time (70 MB of 84x84 frames)
 MANIFEST = "replay_segments.json"  # in each checkpoint folder: the segments it needs (read when deleting)
 
 
@@ -106,15 +109,36 @@ def _write_frames(frames_dir: Path, replay: Any, segments: list[dict[str, Any]])
         mine = [s for s in segments if s["env"] == env and oldest < s["stop"] <= written]
         start = max([oldest, *(s["stop"] for s in mine)])
         if start < written:
-            name = f"env{env}_{start:012d}_{written:012d}_{token}.npy"
+            name = f"env{env}_{start:012d}_{written:012d}_{token}.zst"
             with open(frames_dir / name, "wb") as f:
-                np.save(f, replay.frames_written(env, start, written), allow_pickle=False)
+                with zstandard.ZstdCompressor(level=1).stream_writer(f, closefd=False) as packed:
+                    for first in range(start, written, SEGMENT_CHUNK):  # a chunk at a time: no copy of the whole
+                        packed.write(
+                            np.ascontiguousarray(replay.frames_written(env, first, min(first + SEGMENT_CHUNK, written)))
+                        )
                 f.flush()
                 os.fsync(f.fileno())
             mine.append({"env": env, "start": start, "stop": written, "file": name})
         listed += mine
     _fsync_dir(frames_dir)
     return listed
+
+
+def read_segment(path: Path, segment: dict[str, Any], replay: Any) -> None:
+    """Put a segment's frames back into ``replay``, a chunk at a time (its raw uint8 frames, zstandard-packed)."""
+    frame_shape = tuple(replay.frame_shape)
+    frame_bytes = int(np.prod(frame_shape))
+    with open(path, "rb") as f, zstandard.ZstdDecompressor().stream_reader(f) as unpacked:
+        for first in range(segment["start"], segment["stop"], SEGMENT_CHUNK):
+            count = min(SEGMENT_CHUNK, segment["stop"] - first)
+            data = unpacked.read(count * frame_bytes)
+            while len(data) < count * frame_bytes:  # a stream may return less than asked
+                more = unpacked.read(count * frame_bytes - len(data))
+                if not more:
+                    raise CheckpointError(f"{path}: the segment ends early (a truncated file?)")
+                data += more
+            frames = np.frombuffer(data, dtype=np.uint8).reshape(count, *frame_shape)
+            replay.load_frames_written(segment["env"], first, frames)
 
 
 def _listed(checkpoint: Path) -> list[str]:
@@ -157,8 +181,7 @@ class Checkpoint:
             return True
         replay.load_state_dict(saved["small"], frames=False)
         for segment in saved["segments"]:
-            frames = np.load(self.path.parent / FRAMES / segment["file"], mmap_mode="r", allow_pickle=False)
-            replay.load_frames_written(segment["env"], segment["start"], frames)
+            read_segment(self.path.parent / FRAMES / segment["file"], segment, replay)
         return True
 
     @property

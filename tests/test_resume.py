@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zstandard
 from conftest import REPO, run_python
 
 from cleanrl_utils.buffer import ReplayBuffer
@@ -44,8 +45,16 @@ def same_memory(a: ReplayBuffer, b: ReplayBuffer) -> bool:
     return sa.keys() == sb.keys() and all(np.array_equal(np.asarray(sa[k]), np.asarray(sb[k])) for k in sa)
 
 
+def frames_of(segment: Path) -> np.ndarray:
+    """a segment's frames, unpacked here on their own (raw uint8 frames, zstandard); its name says their count"""
+    with open(segment, "rb") as f:
+        data = zstandard.ZstdDecompressor().stream_reader(f).read()
+    _, start, stop, _ = segment.stem.split("_")
+    return np.frombuffer(data, dtype=np.uint8).reshape(int(stop) - int(start), -1)
+
+
 def segment_frames(folder: Path) -> int:
-    return sum(np.load(f, mmap_mode="r").shape[0] for f in (folder / FRAMES).glob("*.npy"))
+    return sum(len(frames_of(f)) for f in (folder / FRAMES).glob("*.zst"))
 
 
 def test_checkpoints_append_only_new_frames_and_restore_the_memory_exactly(tmp_path):
@@ -54,11 +63,11 @@ def test_checkpoints_append_only_new_frames_and_restore_the_memory_exactly(tmp_p
     segments, written_before = None, 0
     for k in range(1, 16):  # past the rings' capacity: old frames are overwritten and their segments dropped
         filled(buffer, interval // 2, seed=k)
-        before = {f.name for f in (tmp_path / FRAMES).glob("*.npy")}
+        before = {f.name for f in (tmp_path / FRAMES).glob("*.zst")}
         path, segments = save_checkpoint(tmp_path, k * interval, {"k": k, "algo": "dqn"}, buffer, keep, segments)
-        new = [f for f in (tmp_path / FRAMES).glob("*.npy") if f.name not in before]
+        new = [f for f in (tmp_path / FRAMES).glob("*.zst") if f.name not in before]
         # only the frames stored since the checkpoint before (its interval, stacks' first frames included)
-        assert sum(np.load(f).shape[0] for f in new) == int(buffer.written.sum()) - written_before
+        assert sum(len(frames_of(f)) for f in new) == int(buffer.written.sum()) - written_before
         written_before = int(buffer.written.sum())
         restored = ReplayBuffer(capacity, 2, observation_shape=SHAPE, seed=123)
         assert load_checkpoint(path, "dqn").restore_replay(restored)
@@ -75,9 +84,9 @@ def test_a_planted_bug_in_the_segments_is_caught(tmp_path):
     buffer = ReplayBuffer(400, 2, observation_shape=SHAPE, seed=0)
     filled(buffer, 30, seed=1)
     path, segments = save_checkpoint(tmp_path, 1, {"algo": "dqn"}, buffer, 3, None)
-    [first, *_] = sorted((tmp_path / FRAMES).glob("*.npy"))
-    frames = np.load(first)
-    np.save(first, np.roll(frames, 1, axis=0))  # the frames one slot off
+    [first, *_] = sorted((tmp_path / FRAMES).glob("*.zst"))
+    shifted = np.roll(frames_of(first), 1, axis=0)  # the frames one slot off
+    first.write_bytes(zstandard.ZstdCompressor().compress(shifted.tobytes()))
     restored = ReplayBuffer(400, 2, observation_shape=SHAPE)
     load_checkpoint(path, "dqn").restore_replay(restored)
     assert not same_memory(buffer, restored)
