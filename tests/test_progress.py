@@ -304,16 +304,19 @@ def test_evaluation_command_prints_the_raw_result_with_json(saved_model):
 def test_evaluation_help_explains_every_flag():
     done = run_python("-m", "cleanrl_utils.tools.evaluate", "--help")
     assert done.returncode == 0
-    text = " ".join(done.stdout.split())  # argparse wraps lines
+    text = " ".join(re.sub("[│╭╮╰╯─]", " ", done.stdout).split())  # tyro draws boxes and wraps lines
     for flag, words in {
-        "model_path": "the .cleanrl_model file a run saved",
-        "--episodes EPISODES": "how many whole games to play (default: 10)",
-        "--epsilon EPSILON": "the probability of a random action at each step (default: 0.01",
-        "--seed SEED": "the seed of the first game; game i uses SEED + i (default: 12345)",
-        "--env-id ENV_ID": "the game to play (default: the one the model was trained on)",
+        "MODEL_PATH": "the .cleanrl_model file a run saved",
+        "--episodes INT": "how many whole games to play (default: 10)",
+        "--epsilon FLOAT": "the probability of a random action at each step",
+        "--seed INT": "the seed of the first game; game i uses SEED + i (default: 12345)",
+        "--env-id {None}|STR": "the game to play (None: the one the model was trained on)",
         "--json": "print the result as one JSON object",
+        "--forced-steps": "FIRE (and the NOOP after a life loss) pressed for the agent",
+        "--no-forced-steps": "nothing pressed for the agent",
     }.items():
         assert f"{flag} {words}" in text, (flag, text)
+    assert "At most one argument can be overridden" in text  # --forced-steps and --no-forced-steps exclude each other
 
 
 @pytest.mark.parametrize(
