@@ -194,6 +194,32 @@ class TrainEnvs:
             return self.stacks
         return obs
 
+    def restart(self, games: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+        """Start new games in the environments where ``games`` (a boolean mask) is true, seeded
+        ``seeds`` (one per chosen environment, in order), between steps; the others play on. A game
+        seeded s is the same wherever and whenever it starts: the game a fresh ``TrainEnvs`` seeded s
+        starts in its environment 0. Returns the observations, as ``reset`` and ``step`` do."""
+        if self._sent is not None:
+            raise RuntimeError("TrainEnvs.restart called with a step in flight")
+        chosen = np.flatnonzero(games)
+        if isinstance(self.envs, AtariVectorEnv):
+            obs, info = self.envs.reset(seed=np.asarray(seeds, dtype=np.int64), options={"reset_mask": games})
+        else:  # Gymnasium's vector environments take a seed per environment, None where none is reset
+            per_env: list[int | None] = [None] * self.num_envs
+            for env, seed in zip(chosen, seeds, strict=True):
+                per_env[env] = int(seed)
+            obs, info = self.envs.reset(seed=per_env, options={"reset_mask": games})
+        self.lives[games] = _lives(info, self.num_envs)[games]
+        self.pending_reset[games] = False
+        self.forced_actions[games] = -1
+        self.returns[games] = 0.0
+        self.lengths[games] = 0
+        if self.ale:
+            self._force(games, life_lost=False)
+            self.stacks[games] = obs[games]  # a new stack: the first frame four times
+            return self.stacks
+        return obs
+
     def _force(self, envs: np.ndarray, life_lost: bool) -> None:
         if not self.forced_steps:
             return
@@ -329,6 +355,9 @@ def make_vector_env(env_id: str, num_envs: int, noop_max: int = NOOP_MAX) -> gym
     return envs
 
 
+EVAL_PARALLEL_GAMES = 10  # games an evaluation plays at a time (benchmarks/evaluation_cost.py measured it)
+
+
 def play_episodes(
     env_id: str,
     num_episodes: int,
@@ -339,38 +368,60 @@ def play_episodes(
     rng: np.random.Generator,
     record: Callable[[np.ndarray], None] | None = None,
     forced_steps: bool = True,
+    parallel: int = EVAL_PARALLEL_GAMES,
 ) -> tuple[list[float], list[int], np.ndarray]:
-    """Play ``num_episodes`` whole games, one per parallel environment (so short games are not
-    over-represented), under the training protocol (forced steps, fresh stacks after a life loss)
-    but with raw rewards and no life-loss ending, with epsilon-greedy actions from ``select_actions``.
-    Returns the per-game returns, lengths (agent steps, forced ones included) and the histogram of
-    the actions the agent chose and played.
+    """Play ``num_episodes`` whole games under the training protocol (forced steps, fresh stacks
+    after a life loss) but with raw rewards and no life-loss ending, with epsilon-greedy actions
+    from ``select_actions``. Returns the per-game returns, lengths (agent steps, forced ones
+    included) and the histogram of the actions the agent chose and played.
 
-    ``record``, if given, is called with the first game's frames (environment 0, seeded ``seed``) as
-    its agent sees them: the newest 84x84 frame of its stack at the start, then after each of its
-    steps, the last one being the game's end: its length + 1 frames. Recording changes nothing.
+    Game i is seeded ``seed + i`` and draws its exploration from its own generator (the i-th that
+    ``rng`` spawns), so it is the same game whichever environment plays it and when. At most
+    ``parallel`` games are played at a time, each finished game making room for the next one
+    (every game is played to its end, so short games are not over-represented), and only the
+    games being played are forwarded: the evaluation costs what its games cost, not
+    ``num_episodes`` times its longest game.
+
+    ``record``, if given, is called with game 0's frames as its agent sees them: the newest 84x84
+    frame of its stack at the start, then after each of its steps, the last one being the game's
+    end: its length + 1 frames. Recording changes nothing.
     ``forced_steps``: as ``TrainEnvs``'s (False: nothing pressed for the agent)."""
-    envs = TrainEnvs(env_id, num_episodes, seed=seed, forced_steps=forced_steps)
+    if parallel < 1:
+        raise ValueError(f"parallel={parallel}: at least one game must be played at a time")
+    slots = min(num_episodes, parallel)
+    game_rngs = rng.spawn(num_episodes)
+    envs = TrainEnvs(env_id, slots, seed=seed, forced_steps=forced_steps)  # slot k starts game k, seed + k
     try:
         obs = envs.reset()
         if record is not None:
             record(obs[0, -1].copy())
+        game = np.arange(slots)  # the game each slot plays; -1: none left for it
+        next_game = slots
         returns = np.zeros(num_episodes)
         lengths = np.zeros(num_episodes, dtype=np.int64)
-        running = np.ones(num_episodes, dtype=bool)
         histogram = np.zeros(n_actions, dtype=np.int64)
-        while running.any():
-            actions = np.asarray(select_actions(obs), dtype=np.int64)
-            explore = rng.random(num_episodes) < epsilon
-            actions[explore] = rng.integers(0, n_actions, int(explore.sum()))
+        while (game >= 0).any():
+            playing = game >= 0
+            actions = np.zeros(slots, dtype=np.int64)
+            actions[playing] = np.asarray(select_actions(obs[playing]), dtype=np.int64)
+            for slot in np.flatnonzero(playing):
+                game_rng = game_rngs[game[slot]]
+                if game_rng.random() < epsilon:
+                    actions[slot] = game_rng.integers(0, n_actions)
             step = envs.step(actions)
-            histogram += np.bincount(actions[running & step.mask], minlength=n_actions)
-            if record is not None and running[0]:
+            histogram += np.bincount(actions[playing & step.mask], minlength=n_actions)
+            if record is not None and game[0] == 0:
                 record(step.next_obs[0, -1].copy())
-            for env, episodic_return, length in step.episode_returns:
-                if running[env]:
-                    returns[env], lengths[env], running[env] = episodic_return, length, False
             obs = step.next_obs
+            starting = np.zeros(slots, dtype=bool)
+            for slot, episodic_return, length in step.episode_returns:
+                if game[slot] < 0:
+                    continue
+                returns[game[slot]], lengths[game[slot]] = episodic_return, length
+                game[slot], starting[slot] = (next_game, True) if next_game < num_episodes else (-1, False)
+                next_game += starting[slot]
+            if starting.any():
+                obs = envs.restart(starting, seed + game[starting])
         return returns.tolist(), lengths.tolist(), histogram
     finally:
         envs.close()

@@ -15,7 +15,7 @@ def play_one_game(seed: int, rng: np.random.Generator):
     assert obs.shape == (1, 4, 84, 84) and obs.dtype == np.uint8
     steps, actions = [], []
     while True:
-        rng.random(1)  # keeps the random stream aligned with play_episodes' epsilon draw
+        rng.random(1)  # keeps the random stream aligned with play_episodes' epsilon draw for its game
         action = rng.integers(0, envs.n_actions, 1)
         step = envs.step(action)
         steps.append((obs, step))
@@ -29,7 +29,7 @@ def play_one_game(seed: int, rng: np.random.Generator):
 
 @pytest.fixture(scope="module")
 def game():
-    return play_one_game(seed=3, rng=np.random.default_rng(0))
+    return play_one_game(seed=3, rng=np.random.default_rng(0).spawn(1)[0])  # play_episodes' game 0 generator
 
 
 def test_life_loss_ends_the_learning_episode_but_not_the_game(game):
@@ -113,3 +113,55 @@ def test_unknown_or_unsuitable_ids_are_refused_with_close_matches(env_id, hint):
 
 def test_toy_ids_with_a_module_prefix_are_accepted():
     check_env_id("tests.toy_envs:ImageBandit-v0")
+
+
+def obs_policy(n_actions: int, forwarded: list[int]):
+    """A deterministic policy of the observation alone (no network), counting the rows it is given."""
+
+    def select_actions(obs: np.ndarray) -> np.ndarray:
+        forwarded.append(len(obs))
+        return (obs.reshape(len(obs), -1).astype(np.int64).sum(axis=1) // 7) % n_actions
+
+    return select_actions
+
+
+@pytest.mark.parametrize("env_id,n_actions", [("BreakoutNoFrameskip-v4", 4), ("tests.toy_envs:DelayedImage-v0", 2)])
+def test_each_evaluation_game_is_the_same_however_many_are_played_at_a_time(env_id, n_actions):
+    """Game i is seeded seed + i and explores with its own generator, so playing 5 games one, two or all at a
+    time gives the same games (later games start in a slot another game left, by TrainEnvs.restart), and only
+    the games being played are forwarded: as many rows as the games have steps, not games x longest game."""
+    results = {}
+    for parallel in (5, 2, 1):
+        forwarded: list[int] = []
+        rng = np.random.default_rng(4)
+        results[parallel] = play_episodes(env_id, 5, 11, obs_policy(n_actions, forwarded), n_actions, 0.3, rng,
+                                          parallel=parallel)  # fmt: skip
+        returns, lengths, histogram = results[parallel]
+        assert sum(forwarded) == sum(lengths) and max(forwarded) == parallel
+    returns, lengths, histogram = results[5]
+    assert len(set(zip(returns, lengths))) > 1  # games that differ: a pool that mixed them up would show
+    for parallel in (2, 1):
+        assert results[parallel][:2] == (returns, lengths)
+        np.testing.assert_array_equal(results[parallel][2], histogram)
+
+
+def test_a_restarted_game_is_the_game_its_seed_starts_in_a_fresh_environment():
+    # Breakout game seeded 9, started in slot 1 after another game was played there for a while, against
+    # the same game started alone by a reset: same stacks and lives, step by step, FIRE pressed for both.
+    actions = np.random.default_rng(1).integers(0, 4, 300)
+    alone = TrainEnvs("BreakoutNoFrameskip-v4", 1, seed=9)
+    expected = [alone.reset()[0]]
+    for action in actions:
+        expected.append(alone.step(np.array([action])).next_obs[0].copy())
+    alone.close()
+    pool = TrainEnvs("BreakoutNoFrameskip-v4", 2, seed=100)
+    pool.reset()
+    for _ in range(40):
+        pool.step(np.array([1, 3]))
+    got = [pool.restart(np.array([False, True]), np.array([9]))[1].copy()]
+    assert pool.lengths[1] == 0 and pool.returns[1] == 0 and pool.forced_actions[1, 0] == 1  # FIRE first
+    for action in actions:
+        got.append(pool.step(np.array([0, action])).next_obs[1].copy())
+    pool.close()
+    for step, (frame, reference) in enumerate(zip(got, expected, strict=True)):
+        np.testing.assert_array_equal(frame, reference, err_msg=f"step {step}")
