@@ -139,7 +139,7 @@ def test_each_evaluation_game_is_the_same_however_many_are_played_at_a_time(env_
         returns, lengths, histogram = results[parallel]
         assert sum(forwarded) == sum(lengths) and max(forwarded) == parallel
     returns, lengths, histogram = results[5]
-    assert len(set(zip(returns, lengths))) > 1  # games that differ: a pool that mixed them up would show
+    assert len(set(zip(returns, lengths, strict=True))) > 1  # games that differ: a pool that mixed them up would show
     for parallel in (2, 1):
         assert results[parallel][:2] == (returns, lengths)
         np.testing.assert_array_equal(results[parallel][2], histogram)
