@@ -2,7 +2,10 @@
 # Agarwal et al. (2021), as Dopamine's labs/atari_100k/configs/DrQ_eps.gin runs it: a dueling head, Double DQN's
 # target, 10-step returns, one update per agent step, the target network synced at every step, Huber loss, and
 # random shifts (4-pixel edge padding) plus intensity noise on s and s' of every sampled batch, each sample its own
-# draw. The network is the fixed Nature encoder and a dueling head; settings and sources in docs/algorithms.md.
+# draw. The network and the games are Dopamine's too, each difference from the other scripts a flag: the Nature
+# encoder's layers with SAME padding (--encoder), Xavier-uniform initialisation (--init), 0 to 29 no-op agent steps
+# (--noop-starts), zero-filled first stacks of games and lives (--zero-stacks), nothing pressed for the agent
+# (--forced-steps). Settings and sources in docs/algorithms.md.
 import os
 import sys
 from dataclasses import dataclass
@@ -96,19 +99,43 @@ class Args(RunFlags):  # + the shared flags for running: threads, run folder, ch
     forced_steps: bool = False
     """whether FIRE is pressed for the agent at a game's start and after a life loss (NOOP, FIRE, 2), as the other
     scripts' protocol (CleanRL's wrappers); off: the agent plays every step, as Dopamine's Atari 100k"""
+    zero_stacks: bool = True
+    """whether the first stack of a game and of a life is zero-filled (three black frames, then the first), in
+    training, the replay memory and evaluation, as Dopamine's agent; off: the first frame four times at a game's
+    start, the stack carried on across a life loss (the other scripts' without forced steps)"""
+    noop_starts: Literal["steps", "frames"] = "steps"
+    """steps: each game starts with 0 to 29 NOOP agent steps (4 frames each) pressed for the agent, as Dopamine's
+    Atari 100k runner; frames: 0 to 30 no-op frames, as the other scripts"""
+    encoder: Literal["dopamine", "nature"] = "dopamine"
+    """dopamine: the Nature encoder's layers with SAME padding, as Dopamine's network (7,744 features, 4,043,424
+    parameters); nature: the fixed Nature encoder of every other script (3,136 features), for equal capacity"""
+    init: Literal["xavier", "torch"] = "xavier"
+    """xavier: Xavier-uniform weights and zero biases in every layer, as Dopamine's Flax layers; torch: PyTorch's
+    default initialisation, as the other scripts"""
 
 
 class QNetwork(nn.Module):
-    def __init__(self, n_actions: int):
+    def __init__(self, n_actions: int, same_padding: bool = True, xavier: bool = True):
         super().__init__()
-        self.encoder = NatureCNN()
+        self.encoder = NatureCNN(same_padding=same_padding)  # SAME padding: Dopamine's, a declared variant
         self.value = nn.Linear(512, 1)  # dueling (Wang et al. 2016): a value stream
         self.advantage = nn.Linear(512, n_actions)  # and an advantage stream
+        if xavier:
+            xavier_init(self)
 
     def forward(self, x):
         features = self.encoder(x)
         advantage = self.advantage(features)
         return self.value(features) + advantage - advantage.mean(dim=1, keepdim=True)
+
+
+def xavier_init(network: nn.Module) -> None:
+    """Dopamine's initialisation (Flax's nn.Conv and nn.Dense with kernel_init=xavier_uniform(), zero biases): each
+    weight uniform in +-sqrt(6 / (fan_in + fan_out)), a convolution's fans counting its kernel's area"""
+    for layer in network.modules():
+        if isinstance(layer, (nn.Conv2d, nn.Linear)):
+            nn.init.xavier_uniform_(layer.weight)
+            nn.init.zeros_(layer.bias)
 
 
 def augment(obs, pad: int, intensity_scale: float, generator=None):
@@ -183,10 +210,13 @@ if __name__ == "__main__":
     run = Run(args, __file__, check_args)  # --resume, the checks, device, threads, seeding, signals
     device = run.device
 
-    # --no-forced-steps (the default): nothing pressed for the agent, as Dopamine's Atari 100k runner
-    envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed, forced_steps=args.forced_steps)
-    q_network = QNetwork(envs.n_actions).to(device)
-    target_network = QNetwork(envs.n_actions).to(device)
+    # the games as Dopamine's Atari 100k runner plays them (the defaults): no FIRE pressed for the agent, zero-filled
+    # first stacks, 0 to 29 no-op agent steps; the evaluations play them so too
+    protocol = dict(forced_steps=args.forced_steps, zero_stacks=args.zero_stacks, noop_starts=args.noop_starts)
+    envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed, **protocol)
+    network = dict(same_padding=args.encoder == "dopamine", xavier=args.init == "xavier")
+    q_network = QNetwork(envs.n_actions, **network).to(device)
+    target_network = QNetwork(envs.n_actions, **network).to(device)
     target_network.load_state_dict(q_network.state_dict())
     run.fast(q_network, target_network)  # --fast: channels-last convolutions on CPU
     optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=run.fused)
@@ -249,4 +279,4 @@ if __name__ == "__main__":
         if run.step(global_step, obs, step, epsilon, metrics):  # log, evaluate, checkpoint when due; True: stop
             break
 
-    sys.exit(run.finish())  # the final evaluation, the saved model, the closed record (or the stop's message)
+    sys.exit(run.finish(**network))  # the final evaluation, the saved model, the closed record (or the stop's message)

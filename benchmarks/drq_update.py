@@ -56,10 +56,10 @@ def filled_buffer(size: int, n_step: int, seed: int) -> ReplayBuffer:
     return rb
 
 
-def make_learner(drq, n_actions: int, seed: int):
+def make_learner(drq, n_actions: int, seed: int, **network):
     torch.manual_seed(seed)
-    q_network = drq.QNetwork(n_actions).to(memory_format=torch.channels_last)
-    target_network = drq.QNetwork(n_actions).to(memory_format=torch.channels_last)
+    q_network = drq.QNetwork(n_actions, **network).to(memory_format=torch.channels_last)
+    target_network = drq.QNetwork(n_actions, **network).to(memory_format=torch.channels_last)
     target_network.load_state_dict(q_network.state_dict())
     optimizer = optim.Adam(q_network.parameters(), lr=1e-4, eps=1.5e-4, fused=True)
     return q_network, target_network, optimizer
@@ -136,6 +136,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", default=None, help="a git revision whose algos/drq.py augmentation is timed too")
     parser.add_argument("--bf16", action="store_true", help="time bfloat16 autocast forwards too (AMX/AVX512-BF16)")
+    parser.add_argument("--nature", action="store_true", help="time the update with --encoder nature --init torch too")
     parser.add_argument("--json", type=Path, default=None)
     options = parser.parse_args()
 
@@ -145,13 +146,16 @@ def main() -> None:
     rb = filled_buffer(5_000, args.n_step, seed=0)
     identical = same_result(drq, rb, args, n_actions)
     print(f"one forward and two forwards give the same losses and weights bit for bit: {identical}")
-    variants = {"now": (drq, True, False)}  # (augmentation, whether the target forward is shared, bf16)
-    variants["two_forwards"] = (drq, False, False)
+    # (augmentation, whether the target forward is shared, bf16, the network: drq.py's default or the Nature encoder)
+    variants = {"now": (drq, True, False, "dopamine")}
+    variants["two_forwards"] = (drq, False, False, "dopamine")
+    if options.nature:
+        variants["nature_encoder"] = (drq, True, False, "nature")
     drift = None
     if options.bf16:
         drift = bf16_drift(drq, rb, args, n_actions)
         print(f"bfloat16 against float32 over 20 updates from the same weights and batches: {drift}")
-        variants["bf16"] = (drq, True, True)
+        variants["bf16"] = (drq, True, True, "dopamine")
     if options.baseline:
         baseline = load_baseline(options.baseline)
         batch = rb.sample(32)
@@ -161,18 +165,23 @@ def main() -> None:
         )
         print(f"the augmentation of {options.baseline} and this one's give the same batch bit for bit: {equal}")
         identical = identical and equal
-        variants["before"] = (baseline, False, False)  # its augmentation, its two forwards
+        variants["before"] = (baseline, False, False, "dopamine")  # its augmentation, its two forwards
 
     figures: dict[str, dict[str, float]] = {}
     for threads in options.threads:
         torch.set_num_threads(threads)
-        q_network, target_network, optimizer = make_learner(drq, n_actions, seed=0)
+        learners = {"dopamine": make_learner(drq, n_actions, seed=0)}
+        if options.nature:
+            learners["nature"] = make_learner(drq, n_actions, seed=0, same_padding=False, xavier=False)
         times: dict[str, list[float]] = {f"{name}_{part}": [] for name in variants for part in ("augment", "update")}
         times["sample"] = []
-        for _ in range(3):  # warm-up
-            one_update(drq, q_network, target_network, optimizer, drq.augment_batch(rb.sample(32), 4, 0.05), args)
+        for q_network, target_network, optimizer in learners.values():
+            for _ in range(3):  # warm-up
+                data = drq.augment_batch(rb.sample(32), 4, 0.05)
+                one_update(drq, q_network, target_network, optimizer, data, args)
         for _ in range(options.rounds):
-            for name, (module, shared, bf16) in variants.items():
+            for name, (module, shared, bf16, network) in variants.items():
+                q_network, target_network, optimizer = learners[network]
                 sample = augment = update = 0.0
                 for _ in range(options.updates):
                     start = time.perf_counter()
@@ -209,7 +218,8 @@ def main() -> None:
             "command": f"python benchmarks/drq_update.py --threads {' '.join(map(str, options.threads))} --updates "
             f"{options.updates} --rounds {options.rounds}"
             + (f" --baseline {options.baseline}" if options.baseline else "")
-            + (" --bf16" if options.bf16 else ""),
+            + (" --bf16" if options.bf16 else "")
+            + (" --nature" if options.nature else ""),
             "machine": {
                 "cpu": model,
                 "avx512": "avx512f" in flags,

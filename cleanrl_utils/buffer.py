@@ -208,13 +208,17 @@ class ReplayBuffer:
         mask: np.ndarray | None = None,
     ) -> None:
         """Store one vector step. ``dones``: learning terminal (never a time limit). ``ends``: the
-        episode ended (game over or time limit). After either, the next ``obs`` of that env starts anew.
+        episode ended (game over or time limit). After either, the next ``obs`` of that env starts anew:
+        its frames are all stored, whatever they are (the first frame repeated, or zeros before it).
         ``mask``: which envs made a real transition (False on an autoreset step)."""
         envs = np.arange(self.num_envs) if mask is None else np.flatnonzero(mask)
         if len(envs) == 0:
             return
         obs, next_obs = np.asarray(obs), np.asarray(next_obs)
-        if not np.array_equal(obs[envs, 1:], next_obs[envs, :-1]):
+        # a terminal's next observation may already start the next life's stack (zero-filled, as Dopamine's agent
+        # starts it): only its newest frame is stored, and the next add writes the new stack's frames
+        continuing = envs[~np.asarray(dones, dtype=bool)[envs]]
+        if not np.array_equal(obs[continuing, 1:], next_obs[continuing, :-1]):
             raise ValueError(
                 "observations are not frame stacks (next_obs[1:] must continue obs); "
                 "the replay buffer stores each frame once and needs stacked frames"

@@ -7,6 +7,8 @@ wrappers do (EpisodicLifeEnv with FireResetEnv inside, then a frame stack):
 
 - the learning signal: the reward's sign, and a terminal at every life loss (``info["lives"]``
   drops) as well as at game over. The logged return stays the whole game in raw score.
+- ``noop_starts="steps"`` plays no no-op frames of ale-py's but 0 to 29 NOOP agent steps pressed
+  for the agent at each game's start, as Dopamine's Atari 100k runner does.
 - after a game starts, FIRE then action 2 are pressed for the agent (FireResetEnv), and after a
   life loss NOOP, FIRE, action 2 (EpisodicLifeEnv's no-op, then FireResetEnv; NOOP alone in games
   without FIRE). These forced steps are not transitions (``StepResult.mask`` is False).
@@ -14,6 +16,8 @@ wrappers do (EpisodicLifeEnv with FireResetEnv inside, then a frame stack):
 - the frame stack starts afresh (the newest frame four times) after a game start and after a
   life loss, so no stack spans two lives (without forced steps, after a game start only: the
   first three stacks of a life then hold frames of the one before, docs/protocol.md).
+  ``zero_stacks=True`` starts it as Dopamine's agent does, zero-filled (three black frames, then
+  the newest), after a game start and after every life loss, forced steps or not.
 
 Any other Gymnasium id whose observation is a uint8 stack of 4x84x84 frames runs through
 Gymnasium's vector API as it is (``module:Id`` ids import their module first, so tests and users
@@ -45,6 +49,7 @@ gym.register_envs(ale_py)
 OBSERVATION_SHAPE = (4, 84, 84)
 MAX_FRAMES_PER_EPISODE = 108_000
 NOOP_MAX = 30  # no-op frames at a game's start: 0 to 30 here, 1 to 30 in CleanRL (docs/protocol.md)
+NOOP_STEPS_MAX = 29  # no-op agent steps at a game's start with noop_starts="steps": 0 to 29, Dopamine's runner's
 # FIRE is 1 in every minimal action set that has it; 2 is what FireResetEnv presses next
 NOOP, FIRE, AFTER_FIRE = 0, 1, 2
 
@@ -127,24 +132,53 @@ class StepResult:
 class TrainEnvs:
     """A vector of environments that plays the protocol and reports its learning signal and whole games."""
 
-    def __init__(self, env_id: str, num_envs: int, seed: int, noop_max: int = NOOP_MAX, forced_steps: bool = True):
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        seed: int,
+        noop_max: int = NOOP_MAX,
+        forced_steps: bool = True,
+        zero_stacks: bool = False,
+        noop_starts: str = "frames",
+    ):
+        if noop_starts not in ("frames", "steps"):
+            raise ValueError(f"noop_starts={noop_starts!r}: 'frames' (ale-py's no-op frames) or 'steps' (agent steps)")
         self.env_id = env_id
         self.num_envs = num_envs
-        self.envs = make_vector_env(env_id, num_envs, noop_max)
+        self.noop_starts = noop_starts
+        # "steps": the no-ops are NOOP agent steps pressed for the agent (forced steps), drawn per game by its own
+        # generator (seeded as the game), so ale-py plays none of its own
+        self.envs = make_vector_env(env_id, num_envs, noop_max if noop_starts == "frames" else 0)
+        self.noop_rngs = [np.random.default_rng(seed + i) for i in range(num_envs)]  # environment i's game: seed + i
         self.single_action_space = self.envs.single_action_space
         self.n_actions = int(self.single_action_space.n)
         self.seed = seed
         self.ale = ale_game(env_id) is not None  # ALE games: forced steps and the frame stack are ours
         self.fire = self.ale and has_fire(env_id)
         self.forced_steps = forced_steps  # False: nothing pressed for the agent (Dopamine's Atari 100k)
+        self.zero_stacks = zero_stacks  # True: a game's and a life's first stack zero-filled (Dopamine's agent)
         self.lives = np.zeros(num_envs, dtype=np.int64)
         self.pending_reset = np.zeros(num_envs, dtype=bool)
-        self.forced_actions = np.full((num_envs, 3), -1, dtype=np.int64)  # pressed for the agent next; -1: none
+        # pressed for the agent next; -1: none
+        self.forced_actions = np.full((num_envs, 3 + (NOOP_STEPS_MAX if noop_starts == "steps" else 0)), -1)
         self.returns = np.zeros(num_envs, dtype=np.float64)
         self.lengths = np.zeros(num_envs, dtype=np.int64)
         self.stacks: np.ndarray | None = None  # ALE games: the frame stacks last returned
         self.seconds = 0.0  # wall time spent in send and recv: the games' share of the run (receipt.json)
         self._sent: np.ndarray | None = None  # actions sent and not yet received
+
+    @property
+    def protocol(self) -> dict[str, Any]:
+        """How these games are played for the agent: what the evaluations and a saved model's games repeat."""
+        return {"forced_steps": self.forced_steps, "zero_stacks": self.zero_stacks, "noop_starts": self.noop_starts}
+
+    def new_stacks(self, frames: np.ndarray) -> np.ndarray:
+        """The first stacks of games or lives from their first frames (n, 1, 84, 84): the frame four times, or
+        with ``zero_stacks`` three black frames before it"""
+        if self.zero_stacks:
+            return np.concatenate([np.zeros_like(frames).repeat(OBSERVATION_SHAPE[0] - 1, axis=1), frames], axis=1)
+        return np.repeat(frames, OBSERVATION_SHAPE[0], axis=1)
 
     # What a checkpoint holds of this class's own bookkeeping, beside the games themselves.
     STATE_FIELDS = ("lives", "pending_reset", "forced_actions", "returns", "lengths")
@@ -183,6 +217,7 @@ class TrainEnvs:
         if self._sent is not None:  # a step in flight: finish it (its result is dropped)
             self.recv()
         obs, info = self.envs.reset(seed=self.seed)
+        self.noop_rngs = [np.random.default_rng(self.seed + i) for i in range(self.num_envs)]
         self.lives[:] = _lives(info, self.num_envs)
         self.pending_reset[:] = False
         self.forced_actions[:] = -1
@@ -190,7 +225,7 @@ class TrainEnvs:
         self.lengths[:] = 0
         if self.ale:
             self._force(np.ones(self.num_envs, dtype=bool), life_lost=False)
-            self.stacks = np.repeat(obs, OBSERVATION_SHAPE[0], axis=1)  # a new stack: the first frame four times
+            self.stacks = self.new_stacks(obs)
             return self.stacks
         return obs
 
@@ -209,6 +244,8 @@ class TrainEnvs:
             for env, seed in zip(chosen, seeds, strict=True):
                 per_env[env] = int(seed)
             obs, info = self.envs.reset(seed=per_env, options={"reset_mask": games})
+        for env, seed in zip(chosen, seeds, strict=True):
+            self.noop_rngs[env] = np.random.default_rng(int(seed))
         self.lives[games] = _lives(info, self.num_envs)[games]
         self.pending_reset[games] = False
         self.forced_actions[games] = -1
@@ -216,16 +253,21 @@ class TrainEnvs:
         self.lengths[games] = 0
         if self.ale:
             self._force(games, life_lost=False)
-            self.stacks[games] = obs[games]  # a new stack: the first frame four times
+            self.stacks[games] = self.new_stacks(obs[games])
             return self.stacks
         return obs
 
     def _force(self, envs: np.ndarray, life_lost: bool) -> None:
-        if not self.forced_steps:
-            return
-        actions = forced_actions(self.fire, life_lost)
-        self.forced_actions[envs] = -1
-        self.forced_actions[np.ix_(np.flatnonzero(envs), np.arange(len(actions)))] = actions
+        """What is pressed for the agent in ``envs`` after a life loss or at a game's start: the forced steps, and
+        at a game's start with ``noop_starts="steps"`` first 0 to 29 NOOP agent steps, drawn by the game's
+        generator (Dopamine's runner: ``jax.random.randint(rng, (), 0, 30)`` times ``env.step(0)``)"""
+        for env in np.flatnonzero(envs):
+            actions = forced_actions(self.fire, life_lost) if self.forced_steps else []
+            if self.noop_starts == "steps" and not life_lost:
+                actions = [NOOP] * int(self.noop_rngs[env].integers(0, NOOP_STEPS_MAX + 1)) + actions
+            if actions:
+                self.forced_actions[env] = -1
+                self.forced_actions[env, : len(actions)] = actions
 
     def step(self, actions: np.ndarray) -> StepResult:
         self.send(actions)
@@ -289,8 +331,10 @@ class TrainEnvs:
             self._force(self.pending_reset, life_lost=False)  # a new game starts: FIRE (where it has it), 2
             self.forced_actions[ends] = -1  # the next step is the reset
             fresh = ~mask  # after an autoreset or forced step, the stack starts afresh
+            if self.zero_stacks and not self.forced_steps:  # and after a life loss, where no forced step follows
+                fresh |= life_lost & ~ends
             self.stacks = np.concatenate([self.stacks[:, 1:], next_obs], axis=1)
-            self.stacks[fresh] = next_obs[fresh]  # broadcast over the stack
+            self.stacks[fresh] = self.new_stacks(next_obs[fresh])
             next_obs = self.stacks
         self.pending_reset = ends
         self.seconds += time.perf_counter() - start
@@ -369,6 +413,8 @@ def play_episodes(
     record: Callable[[np.ndarray], None] | None = None,
     forced_steps: bool = True,
     parallel: int = EVAL_PARALLEL_GAMES,
+    zero_stacks: bool = False,
+    noop_starts: str = "frames",
 ) -> tuple[list[float], list[int], np.ndarray]:
     """Play ``num_episodes`` whole games under the training protocol (forced steps, fresh stacks
     after a life loss) but with raw rewards and no life-loss ending, with epsilon-greedy actions
@@ -385,12 +431,14 @@ def play_episodes(
     ``record``, if given, is called with game 0's frames as its agent sees them: the newest 84x84
     frame of its stack at the start, then after each of its steps, the last one being the game's
     end: its length + 1 frames. Recording changes nothing.
-    ``forced_steps``: as ``TrainEnvs``'s (False: nothing pressed for the agent)."""
+    ``forced_steps``, ``zero_stacks``, ``noop_starts``: the protocol, as ``TrainEnvs``'s (``TrainEnvs.protocol``)."""
     if parallel < 1:
         raise ValueError(f"parallel={parallel}: at least one game must be played at a time")
     slots = min(num_episodes, parallel)
     game_rngs = rng.spawn(num_episodes)
-    envs = TrainEnvs(env_id, slots, seed=seed, forced_steps=forced_steps)  # slot k starts game k, seed + k
+    # slot k starts game k, seed + k
+    protocol = dict(forced_steps=forced_steps, zero_stacks=zero_stacks, noop_starts=noop_starts)
+    envs = TrainEnvs(env_id, slots, seed=seed, **protocol)
     try:
         obs = envs.reset()
         if record is not None:

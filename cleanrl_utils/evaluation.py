@@ -25,12 +25,13 @@ def evaluate(
     epsilon: float = 0.01,
     seed: int = 0,
     video_path: Path | None = None,
-    forced_steps: bool = True,
+    protocol: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Play ``episodes`` whole games with the network's greedy action (argmax of its forward
     output, the Q-values) taken with probability 1 - ``epsilon``. With ``video_path``, the first of
     these games (seeded ``seed``) is recorded as MP4 as it is played and scored (``mp4_recorder``).
-    ``forced_steps``: whether FIRE and the NOOP after a life loss are pressed for the agent (``TrainEnvs``)."""
+    ``protocol``: how the games are played for the agent, as the training's ``TrainEnvs.protocol`` (forced steps,
+    zero-filled stacks, no-op starts); None: ``TrainEnvs``'s defaults, the Nature DQN protocol."""
     was_training = q_network.training
     q_network.eval()
 
@@ -42,7 +43,7 @@ def evaluate(
         with contextlib.nullcontext() if video_path is None else mp4_recorder(video_path) as record:
             rng = np.random.default_rng(seed)  # the evaluation's own exploration draws
             returns, lengths, histogram = play_episodes(
-                env_id, episodes, seed, greedy, n_actions, epsilon, rng, record=record, forced_steps=forced_steps
+                env_id, episodes, seed, greedy, n_actions, epsilon, rng, record=record, **(protocol or {})
             )
     finally:
         q_network.train(was_training)

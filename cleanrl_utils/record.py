@@ -353,9 +353,11 @@ class Record:
                 f"last_return={self.last_return} eta={eta}"
             )
 
-    def save_model(self, q_network: torch.nn.Module, n_actions: int, forced_steps: bool, **network_kwargs: Any) -> Path:
+    def save_model(
+        self, q_network: torch.nn.Module, n_actions: int, protocol: dict[str, Any], **network_kwargs: Any
+    ) -> Path:
         """Weights plus what rebuilds the network, ``QNetwork(n_actions, **network_kwargs)``, and the protocol its
-        games were played under (``forced_steps``, for the evaluation command)."""
+        games were played under (``TrainEnvs.protocol``, for the evaluation command)."""
         path = self.dir / f"{self.args.exp_name}.cleanrl_model"
         tmp = path.with_name(path.name + ".tmp")
         torch.save(
@@ -366,7 +368,7 @@ class Record:
                 "env_id": self.args.env_id,
                 "n_actions": n_actions,
                 "network_kwargs": network_kwargs,
-                "forced_steps": forced_steps,
+                "protocol": protocol,
             },
             tmp,
         )

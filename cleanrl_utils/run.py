@@ -340,7 +340,7 @@ class Run:
                 args.eval_epsilon,
                 seed=args.seed + 10_000 + 100 * record.counts["evaluations"],
                 video_path=record.video_path(global_step),
-                forced_steps=self.envs.forced_steps,
+                protocol=self.envs.protocol,
             )
         record.evaluation(global_step, result, final=final)
 
@@ -367,7 +367,7 @@ class Run:
         record.print(f"training done at step {global_step}; final evaluation of {args.eval_episodes} games")
         self.evaluate(global_step, final=True)
         if args.save_model:
-            record.save_model(self.policy, self.envs.n_actions, self.envs.forced_steps, **network_kwargs)
+            record.save_model(self.policy, self.envs.n_actions, self.envs.protocol, **network_kwargs)
         self.envs.close()
         record.close()
         return 0

@@ -323,8 +323,9 @@ def test_what_dqn_imports_is_short_and_holds_no_tools():
     files = closure(REPO / "algos" / "dqn.py") | {REPO / "cleanrl_utils" / "__init__.py"}
     assert not [f for f in files if "tools" in f.parts], files
     lines = sum(len(f.read_text().splitlines()) for f in files)
-    # 2,268 lines after the one-seam change; incremental replay checkpoints added about 200 (2,473)
-    assert lines <= 2600, f"dqn.py pulls in {lines} lines of the package"
+    # 2,268 lines after the one-seam change; incremental replay checkpoints added about 200 (2,473), the evaluation
+    # pool and Dopamine's protocol and encoder variant for DrQ (zero stacks, no-op steps, SAME padding) about 180
+    assert lines <= 2750, f"dqn.py pulls in {lines} lines of the package"
 
 
 def test_the_package_has_no_import_cycle():

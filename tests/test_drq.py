@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import REPO, assert_stopped_early, mark_interrupted, read_json, run_cases, run_python, scalars, weights
 from test_script_losses import float64_parameters, nature_features
 
@@ -154,9 +155,20 @@ def trajectory(gamma: float, n_step: int, seed: int = 0):
     return rb, steps
 
 
+def dopamine_features(p: dict[str, torch.Tensor], obs: torch.Tensor) -> torch.Tensor:
+    """Dopamine's encoder (networks.py, FullRainbowNetwork lines 573-590) in float64: the Nature layers, each input
+    zero-padded as XLA's SAME pads it, (before, after) = (total // 2, total - total // 2) for total = (ceil(size /
+    stride) - 1) * stride + kernel - size: 84 -> 21 (2, 2), 21 -> 11 (1, 2), 11 -> 11 (1, 1)"""
+    x = obs.double() / 255.0
+    for name, stride, (before, after) in (("0", 4, (2, 2)), ("3", 2, (1, 2)), ("5", 1, (1, 1))):
+        x = F.pad(x, (before, after, before, after))
+        x = F.relu(F.conv2d(x, p[f"encoder.net.{name}.weight"], p[f"encoder.net.{name}.bias"], stride=stride))
+    return F.relu(x.flatten(1) @ p["encoder.net.8.weight"].T + p["encoder.net.8.bias"])
+
+
 def dueling_q64(p, obs, module) -> list[list[torch.Tensor]]:
     """Q(s, a) = v(s) + A(s, a) - mean_b A(s, b) in float64, [transition][action]"""
-    features = nature_features(p, obs)
+    features = dopamine_features(p, obs) if module.encoder.same_padding else nature_features(p, obs)
     value = features @ p["value.weight"].T + p["value.bias"]
     advantage = features @ p["advantage.weight"].T + p["advantage.bias"]
     return [
@@ -172,18 +184,22 @@ def huber(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x**2 if abs(float(x.detach())) <= 1.0 else abs(x) - 0.5
 
 
-def compare_loss(module) -> tuple[float, float, float]:
+def compare_loss(module, **network) -> tuple[float, float, float]:
     """The script's loss and gradients on an augmented batch of its own n-step buffer, against the naive loop:
     R + discount * Q_target(aug s', argmax_a' Q_online(aug s', a')) with R and discount summed here from the
     stored rewards, Huber against Q_online(aug s, a). Returns the relative gaps (loss, q_values, gradient)."""
     args = dataclasses.replace(module.Args(), gamma=0.9)  # the default --n-step 10
     rb, steps = trajectory(args.gamma, args.n_step)
     torch.manual_seed(0)
-    q_network, target_network = module.QNetwork(N_ACTIONS), module.QNetwork(N_ACTIONS)
+    q_network, target_network = module.QNetwork(N_ACTIONS, **network), module.QNetwork(N_ACTIONS, **network)
     with torch.no_grad():  # spread the fresh heads' Q-values apart, and make the target network another one
         for net, scale in ((q_network, 20.0), (target_network, 15.0)):
             net.advantage.weight.mul_(scale)
             net.value.weight.mul_(scale)
+        # whose choice differs from the online network's in every state (fresh networks on random images each
+        # prefer one action everywhere, the same one by chance): its advantages are the online's, rolled by one
+        target_network.advantage.weight.copy_(q_network.advantage.weight.roll(1, 0) * 0.75)
+        target_network.advantage.bias.copy_(q_network.advantage.bias.roll(1, 0))
     raw = rb.sample(16)
     found = []
     for i in range(16):
@@ -218,8 +234,9 @@ def compare_loss(module) -> tuple[float, float, float]:
     return loss_gap, q_gap, grad_gap
 
 
-def test_the_loss_through_augmentation_and_n_step_returns_matches_the_float64_loop(drq):
-    loss_gap, q_gap, grad_gap = compare_loss(drq)
+@pytest.mark.parametrize("same_padding", [True, False])  # --encoder dopamine (the default), --encoder nature
+def test_the_loss_through_augmentation_and_n_step_returns_matches_the_float64_loop(drq, same_padding):
+    loss_gap, q_gap, grad_gap = compare_loss(drq, same_padding=same_padding)
     assert loss_gap < 1e-5 and q_gap < 1e-5 and grad_gap < 1e-4, (loss_gap, q_gap, grad_gap)
 
 
@@ -286,7 +303,61 @@ REFERENCE = {
     "augmentation_pad": 4,  # drq_image_augmentation(img_pad=4)
     "intensity_scale": 0.05,  # _intensity_aug(scale=0.05)
     "forced_steps": False,  # atari_lib.AtariPreprocessing presses nothing for the agent (no FireResetEnv)
+    "zero_stacks": True,  # atari_100k_rainbow_agent.py _reset_state (zeros) at every begin_episode
+    "noop_starts": "steps",  # atari_100k_runner.py lines 204-212: randint(0, 30) times env.step(0), agent steps
+    "encoder": "dopamine",  # networks.py FullRainbowNetwork: Flax nn.Conv, SAME padding
+    "init": "xavier",  # kernel_init=nn.initializers.xavier_uniform(), Flax's zero bias_init
 }
+
+
+def check_xavier(network: torch.nn.Module) -> int:
+    """every convolution and dense layer as Flax's xavier_uniform draws it (jax.nn.initializers.variance_scaling(1,
+    "fan_avg", "uniform"): a kernel (kh, kw, in, out) has fans in * kh * kw and out * kh * kw, its weights uniform
+    in +-sqrt(3 / fan_avg)), biases zero; returns the layers checked"""
+    layers = [m for m in network.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    for layer in layers:
+        weight = layer.weight.detach().double()
+        area = math.prod(weight.shape[2:])
+        fan_in, fan_out = weight.shape[1] * area, weight.shape[0] * area
+        bound = math.sqrt(3.0 / ((fan_in + fan_out) / 2))
+        assert weight.abs().max() <= bound and torch.count_nonzero(layer.bias) == 0
+        if weight.numel() >= 1_000:  # uniform in +-bound: std bound / sqrt(3), and the bound nearly reached
+            assert abs(weight.std().item() / (bound / math.sqrt(3)) - 1) < 0.05 and weight.abs().max() > 0.95 * bound
+    return len(layers)
+
+
+def test_the_network_is_dopamines_by_default_and_the_flags_give_the_other_scripts_back(drq):
+    """QNetwork's defaults (what --encoder dopamine --init xavier build): the SAME-padded encoder, its checked count,
+    Xavier-uniform weights and zero biases in all 6 layers; QNetwork(n, same_padding=False, xavier=False): the fixed
+    Nature encoder with PyTorch's initialisation, as every other script"""
+    from cleanrl_utils.encoder import NATURE_CNN_PARAMETERS, NATURE_CNN_SAME_PADDING_PARAMETERS, count_parameters
+
+    torch.manual_seed(0)
+    network = drq.QNetwork(18)
+    assert network.encoder.same_padding and count_parameters(network.encoder) == NATURE_CNN_SAME_PADDING_PARAMETERS
+    assert check_xavier(network) == 6
+    plain = drq.QNetwork(18, same_padding=False, xavier=False)
+    assert not plain.encoder.same_padding and count_parameters(plain.encoder) == NATURE_CNN_PARAMETERS
+    assert torch.count_nonzero(plain.value.bias) == 1  # PyTorch's default draws biases
+    with pytest.raises(AssertionError):
+        check_xavier(plain)
+    source = " ".join(SCRIPT.read_text().split())
+    assert 'network = dict(same_padding=args.encoder == "dopamine", xavier=args.init == "xavier")' in source
+    assert "sys.exit(run.finish(**network))" in source  # the saved model rebuilds the same network
+
+
+@pytest.mark.parametrize(
+    "bug,original,changed",
+    [
+        ("He's bound, not Xavier's", "nn.init.xavier_uniform_(layer.weight)", "nn.init.kaiming_uniform_(layer.weight)"),
+        ("biases left as drawn", "nn.init.zeros_(layer.bias)", "pass"),
+        ("the head left out", "if isinstance(layer, (nn.Conv2d, nn.Linear)):", "if isinstance(layer, nn.Conv2d):"),
+    ],
+)  # fmt: skip
+def test_a_planted_bug_in_the_initialisation_fails_its_check(bug, original, changed, tmp_path):
+    torch.manual_seed(0)
+    with pytest.raises(AssertionError):
+        check_xavier(planted(tmp_path, original, changed).QNetwork(18))
 
 
 def test_the_defaults_are_dopamines_drq_eps(drq):
@@ -417,35 +488,42 @@ def test_the_saved_model_records_no_forced_steps_and_the_evaluation_command_play
     """the model file says which protocol its run played (Dopamine's: nothing pressed for the agent); the evaluation
     command replays it so: on Breakout, every step of the game is counted as the agent's own action"""
     saved = torch.load(toy_run("drq").dir / "drq.cleanrl_model", map_location="cpu", weights_only=True)
-    assert saved["forced_steps"] is False and saved["algo"] == "drq"
-    model = tmp_path / "drq.cleanrl_model"
-    torch.save(
-        {**saved, "state_dict": drq.QNetwork(4).state_dict(), "env_id": "BreakoutNoFrameskip-v4", "n_actions": 4}, model
+    assert (
+        saved["protocol"] == {"forced_steps": False, "zero_stacks": True, "noop_starts": "steps"}
+        and saved["algo"] == "drq"
     )
+    model = tmp_path / "drq.cleanrl_model"
+    # no-op frames instead of no-op steps (which are pressed for the agent too), so the forced steps alone are counted
+    protocol = {**saved["protocol"], "noop_starts": "frames"}
+    breakout = {"env_id": "BreakoutNoFrameskip-v4", "n_actions": 4, "protocol": protocol}
+    torch.save({**saved, "state_dict": drq.QNetwork(4).state_dict(), **breakout}, model)
     for flags, forced in (([], False), (["--forced-steps"], True)):
         done = run_python(
             "-m", "cleanrl_utils.tools.evaluate", str(model), "--episodes", "1", "--epsilon", "1", "--json", *flags
         )
         assert done.returncode == 0, done.stderr[-3000:]
         result = json.loads(done.stdout)
-        assert result["forced_steps"] is forced
+        assert result["protocol"] == {**protocol, "forced_steps": forced}
         [length] = result["episodic_lengths"]
         # a random agent's Breakout: 5 lives; with forced steps FIRE, 2 at the start and NOOP, FIRE, 2 after 4 losses
         assert sum(result["action_histogram"]) == length - (2 + 3 * 4 if forced else 0)
 
 
 def test_the_evaluation_command_refuses_a_model_that_does_not_record_its_protocol(toy_run, drq, tmp_path):
-    """no guess for a model file without ``forced_steps``: a clear error naming both flags, and a flag plays it"""
+    """no guess for a model file without its protocol: a clear error naming both flags, and a flag plays it; a file
+    that records ``forced_steps`` alone (the versions before zero stacks) is played so, with the defaults beside"""
     saved = torch.load(toy_run("drq").dir / "drq.cleanrl_model", map_location="cpu", weights_only=True)
-    saved = {k: v for k, v in saved.items() if k != "forced_steps"}  # as an earlier version saved it
+    saved = {k: v for k, v in saved.items() if k != "protocol"}  # as an earlier version saved it
     model = tmp_path / "drq.cleanrl_model"
-    torch.save(
-        {**saved, "state_dict": drq.QNetwork(4).state_dict(), "env_id": "BreakoutNoFrameskip-v4", "n_actions": 4}, model
-    )
+    old = {**saved, "state_dict": drq.QNetwork(4).state_dict(), "env_id": "BreakoutNoFrameskip-v4", "n_actions": 4}
+    torch.save({**old, "forced_steps": False}, model)
+    done = run_python("-m", "cleanrl_utils.tools.evaluate", str(model), "--episodes", "1", "--epsilon", "1", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["protocol"] == {"forced_steps": False}, done.stderr[-3000:]
+    torch.save(old, model)
     done = run_python("-m", "cleanrl_utils.tools.evaluate", str(model), "--episodes", "1", "--epsilon", "1")
     assert done.returncode == 2 and "--forced-steps" in done.stderr and "--no-forced-steps" in done.stderr, done.stderr
     assert "does not record its protocol" in done.stderr and "Traceback" not in done.stderr
     done = run_python(
         "-m", "cleanrl_utils.tools.evaluate", str(model), "--episodes", "1", "--no-forced-steps", "--json"
     )
-    assert done.returncode == 0 and json.loads(done.stdout)["forced_steps"] is False, done.stderr[-3000:]
+    assert done.returncode == 0 and json.loads(done.stdout)["protocol"] == {"forced_steps": False}, done.stderr[-3000:]

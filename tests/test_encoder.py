@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -82,3 +83,56 @@ def test_the_layer_norm_variant_normalises_each_feature_map_and_has_its_own_chec
         "net.4.weight",
         "net.7.weight",
     ]
+
+
+def naive_same_conv(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, stride: int) -> np.ndarray:
+    """float64 loops over output positions, padded as XLA's SAME (jax/_src/lax/lax.py, ``padtype_to_pads``, which
+    Flax's ``nn.Conv`` takes by default): ceil(size / stride) outputs, the missing zeros split smaller half first"""
+    n, c, size, _ = x.shape
+    out_channels, _, kernel, _ = weight.shape
+    out = -(-size // stride)
+    total = max((out - 1) * stride + kernel - size, 0)
+    before = total // 2
+    padded = np.zeros((n, c, size + total, size + total))
+    padded[:, :, before : before + size, before : before + size] = x
+    result = np.zeros((n, out_channels, out, out))
+    for i in range(out):
+        for j in range(out):
+            window = padded[:, :, i * stride : i * stride + kernel, j * stride : j * stride + kernel]
+            result[:, :, i, j] = np.einsum("nckl,ockl->no", window, weight) + bias
+    return result
+
+
+def test_the_same_padding_variant_is_dopamines_network_against_float64_loops():
+    """Dopamine's encoder (dopamine/jax/networks.py, FullRainbowNetwork lines 573-590: three ``nn.Conv`` with Flax's
+    default SAME padding, then ``nn.Dense(512)``): maps of 21, 11 and 11, 7,744 features, its own checked count; its
+    output equals float64 loops padding each layer as XLA does, channel-major flattening (a fixed permutation of
+    the dense layer's inputs against Flax's channel-last order, which changes no function the layer can hold)"""
+    from cleanrl_utils.encoder import NATURE_CNN_SAME_PADDING_PARAMETERS
+
+    encoder = NatureCNN(same_padding=True)
+    convs = [m for m in encoder.net if isinstance(m, nn.Conv2d)]
+    dense = [m for m in encoder.net if isinstance(m, nn.Linear)]
+    assert count_parameters(encoder) == NATURE_CNN_SAME_PADDING_PARAMETERS == 4_043_424
+    assert dense[0].in_features == 64 * 11 * 11
+    check_encoder(encoder)
+    with pytest.raises(ValueError, match="two variants"):
+        NatureCNN(layer_norm=True, same_padding=True)
+    obs = torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)
+    x = obs.double().numpy() / 255.0
+    sizes = []
+    for conv in convs:
+        x = np.maximum(
+            naive_same_conv(
+                x, conv.weight.double().detach().numpy(), conv.bias.double().detach().numpy(), conv.stride[0]
+            ),
+            0,
+        )
+        sizes.append(x.shape[-1])
+    assert sizes == [21, 11, 11]
+    expected = np.maximum(
+        x.reshape(2, -1) @ dense[0].weight.double().detach().numpy().T + dense[0].bias.double().detach().numpy(), 0
+    )
+    np.testing.assert_allclose(encoder(obs).double().detach().numpy(), expected, rtol=1e-4, atol=1e-5)
+    # the plain encoder is unchanged: VALID convolutions, 3,136 features
+    assert [m.in_features for m in NatureCNN().net if isinstance(m, nn.Linear)] == [3136]

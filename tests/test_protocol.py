@@ -27,6 +27,7 @@ import torch
 from scipy import stats
 from torch import nn
 
+from cleanrl_utils.buffer import ReplayBuffer
 from cleanrl_utils.envs import NOOP, NOOP_MAX, TrainEnvs, make_vector_env, play_episodes
 from cleanrl_utils.evaluation import evaluate
 
@@ -458,3 +459,139 @@ def test_play_episodes_records_the_frames_game_0_is_played_on():
     assert step.episode_returns[0][1:] == (returns[0], lengths[0])
     for frame, reference in zip(frames, expected, strict=True):
         np.testing.assert_array_equal(frame, reference)
+
+
+def dopamine_states(frames: list[np.ndarray], starts: list[bool]) -> list[np.ndarray]:
+    """The stacks Dopamine's agent acts on, from each step's single newest frame and whether a game or a life starts
+    there: ``_reset_state`` fills the state with zeros at ``begin_episode`` (labs/atari_100k/atari_100k_rainbow_agent.py
+    lines 276-303), which the runner calls at a game's start and after every terminal, a life loss with
+    ``terminal_on_life_loss`` (discrete_domains/run_experiment.py, ``_run_one_episode``), and ``_record_observation``
+    rolls each new frame in"""
+    state, states = np.zeros((4, 84, 84), dtype=np.uint8), []
+    for frame, start in zip(frames, starts, strict=True):
+        state = np.zeros_like(state) if start else state
+        state = np.concatenate([state[1:], frame[None]])
+        states.append(state)
+    return states
+
+
+def test_zero_stacks_start_games_and_lives_as_dopamines_agent_and_the_replay_memory_rebuilds_them():
+    """drq.py's default protocol (no forced steps, zero-filled stacks) on Breakout at random play: every stack acted
+    on is Dopamine's agent's state, and every transition the replay memory gives back has Dopamine's stacks: s
+    exactly, s' exactly but at a terminal, where only its newest frame counts (discount 0)"""
+    envs = TrainEnvs("BreakoutNoFrameskip-v4", 2, seed=4, noop_starts="steps", forced_steps=False, zero_stacks=True)
+    rb = ReplayBuffer(10_000, 2, n_step=1, seed=0)
+    rng = np.random.default_rng(1)
+    obs = envs.reset()
+    frames = [[obs[i, -1].copy()] for i in range(2)]
+    starts = [[True] for _ in range(2)]
+    acted = [[obs[i].copy()] for i in range(2)]
+    transitions = [[] for _ in range(2)]  # (index of s in acted, terminal)
+    for _ in range(1_500):
+        step = envs.step(rng.integers(0, envs.n_actions, 2))
+        rb.add(obs, step.next_obs, np.zeros(2), step.rewards, step.dones, step.ends, step.mask)
+        for i in range(2):
+            if step.mask[i]:
+                transitions[i].append((len(acted[i]) - 1, bool(step.dones[i])))
+            # a new game after an autoreset, a new life after a life loss that did not end the game
+            frames[i].append(step.next_obs[i, -1].copy())
+            starts[i].append(bool(not step.mask[i] or (step.dones[i] and not step.ends[i])))
+            acted[i].append(step.next_obs[i].copy())
+        obs = step.next_obs
+    envs.close()
+    terminals = 0
+    for i in range(2):
+        expected = dopamine_states(frames[i], starts[i])
+        assert all(np.array_equal(a, e) for a, e in zip(acted[i], expected, strict=True))
+        assert sum(starts[i]) > 8  # games and lives started: zero-filled stacks were acted on
+        valid = np.flatnonzero(rb.valid[i])
+        assert len(valid) == len(transitions[i])
+        batch = rb.gather(np.full(len(valid), i), valid)
+        for k, (t, terminal) in enumerate(transitions[i]):
+            assert np.array_equal(batch.observations[k].numpy(), expected[t])
+            if terminal:
+                assert batch.discounts[k] == 0 and np.array_equal(
+                    batch.next_observations[k, -1].numpy(), expected[t + 1][-1]
+                )
+            else:
+                assert np.array_equal(batch.next_observations[k].numpy(), expected[t + 1])
+        terminals += sum(terminal for _, terminal in transitions[i])
+    assert terminals > 8
+
+
+@pytest.mark.parametrize("zero_stacks", [True, False])
+def test_the_evaluation_plays_zero_filled_stacks_at_each_game_and_life_start(zero_stacks):
+    """the evaluation plays the training's protocol: with zero stacks, each Breakout game (5 lives, played out at
+    random) shows its agent a stack of three black frames exactly 5 times, at its start and after each life loss"""
+    seen = []
+
+    def policy(obs):
+        seen.extend(obs)
+        return np.random.default_rng(len(seen)).integers(0, 4, len(obs))
+
+    returns, lengths, _ = play_episodes(
+        "BreakoutNoFrameskip-v4", 3, 5, policy, 4, 1.0, np.random.default_rng(0),
+        forced_steps=False, zero_stacks=zero_stacks,
+    )  # fmt: skip
+    assert len(seen) == sum(lengths)
+    blank = sum(not stack[:3].any() and stack[3].any() for stack in seen)
+    assert blank == (5 * 3 if zero_stacks else 0)
+
+
+def test_noop_starts_in_agent_steps_press_0_to_29_noops_before_the_agent_plays():
+    """Dopamine's Atari 100k runner (labs/atari_100k/atari_100k_runner.py lines 204-212) starts each game with
+    ``jax.random.randint(rng, (), 0, 30)`` calls of ``env.step(0)``: 0 to 29 NOOP agent steps of 4 frames. With
+    ``noop_starts="steps"`` each game starts with that many steps pressed for the agent (not transitions, whatever
+    it sends), drawn by the game's own generator: 128 games (32 rounds of 4 restarted at once) draw every count from
+    0 to 29 and evenly, the same seed draws the same count in another environment, and the game then stands where
+    a game without no-ops stands after as many NOOP steps of its agent"""
+    from cleanrl_utils.envs import NOOP_STEPS_MAX
+
+    def noops_then_agent(envs):
+        """steps the games (their agents pressing FIRE) until each agent acts: per game, the no-op steps pressed
+        for it, and the newest frame it then sees"""
+        counts, first = np.zeros(envs.num_envs, dtype=int), np.zeros((envs.num_envs, 84, 84), dtype=np.uint8)
+        waiting = np.ones(envs.num_envs, dtype=bool)
+        while True:
+            acting = waiting & (envs.forced_actions[:, 0] < 0)  # nothing more pressed for it: it acts next
+            first[acting], waiting = envs.stacks[acting, -1], waiting & ~acting
+            if not waiting.any():
+                return counts, first
+            pressed = envs.forced_actions[:, 0].copy()
+            step = envs.step(np.full(envs.num_envs, 1))
+            assert (pressed[waiting] == NOOP).all() and not step.mask[waiting].any() and not step.ends.any()
+            counts[waiting] += 1
+
+    assert NOOP_STEPS_MAX == 29
+    envs = TrainEnvs("PongNoFrameskip-v4", 4, seed=0, forced_steps=False, zero_stacks=True, noop_starts="steps")
+    envs.reset()
+    draws, frames = [], {}
+    for round_ in range(32):
+        seeds = 1000 + 4 * round_ + np.arange(4)
+        envs.restart(np.ones(4, dtype=bool), seeds)
+        counts, first = noops_then_agent(envs)
+        draws += counts.tolist()
+        frames.update({int(seed): (int(k), f) for seed, k, f in zip(seeds, counts, first, strict=True)})
+    envs.close()
+    assert min(draws) == 0 and max(draws) == NOOP_STEPS_MAX and len(set(draws)) == NOOP_STEPS_MAX + 1
+    assert stats.chisquare(np.bincount(draws, minlength=NOOP_STEPS_MAX + 1)).pvalue > 1e-3
+    # game 1005 in environment 0 of another vector: the same count and the same frame
+    other = TrainEnvs("PongNoFrameskip-v4", 1, seed=1005, forced_steps=False, noop_starts="steps")
+    other.reset()
+    (count,), (frame,) = noops_then_agent(other)
+    other.close()
+    assert count == frames[1005][0] and np.array_equal(frame, frames[1005][1])
+    # and the games without no-op frames, their agent pressing NOOP as many steps: the same frame each time
+    checked = 0
+    for seed in (1000, 1001, 1002, 1003, 1004, 1005):
+        count, frame = frames[seed]
+        plain = TrainEnvs("PongNoFrameskip-v4", 1, seed=seed, noop_max=0, forced_steps=False)
+        obs = plain.reset()
+        for _ in range(count):
+            obs = plain.step(np.array([NOOP])).next_obs
+        plain.close()
+        assert np.array_equal(obs[0, -1], frame)
+        checked += count > 0
+    assert checked >= 4
+    distinct = {frame.tobytes() for _, frame in frames.values()}
+    assert len(distinct) > 10  # the game moves while its agent waits: the count shows in the frame

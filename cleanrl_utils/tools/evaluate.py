@@ -73,7 +73,7 @@ PROTOCOL = tyro.conf.create_mutex_group(required=False, title="the protocol")
 @dataclass
 class EvaluateArgs:
     """Evaluate a model saved by a run (--save-model) on whole games, as the runs evaluate: raw game score, no
-    life-loss ending, up to 30 no-op starts, epsilon-greedy actions. The games are played one after another; a
+    life-loss ending, the no-op starts, forced steps and stacks its run played, epsilon-greedy actions. The games are played one after another; a
     line per game goes to standard error as it ends, then a summary to standard output. Example:
     python -m cleanrl_utils.tools.evaluate runs/BreakoutNoFrameskip-v4__dqn__1__1700000000/dqn.cleanrl_model"""
 
@@ -123,8 +123,14 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"{args.model_path} does not fit algos/{saved['algo']}.py's network as it is now: {error}")
     env_id = args.env_id or saved["env_id"]
     n_actions = saved["n_actions"]
-    forced_steps = True if args.forced_steps else False if args.no_forced_steps else saved.get("forced_steps")
-    if forced_steps is None:
+    # the protocol the model's run played (files of earlier versions recorded forced_steps alone, zero_stacks and
+    # noop_max did not exist then: their defaults are how those runs played)
+    protocol = dict(
+        saved.get("protocol") or ({"forced_steps": saved["forced_steps"]} if "forced_steps" in saved else {})
+    )
+    if args.forced_steps or args.no_forced_steps:
+        protocol["forced_steps"] = args.forced_steps
+    if "forced_steps" not in protocol:
         fail(
             f"{args.model_path} does not record its protocol (saved by an earlier version of value-atari): "
             "say how to play it, --forced-steps (FIRE pressed for the agent, every script but drq.py's default) "
@@ -143,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     for i in range(args.episodes):  # one game at a time, so that each shows as it ends
         start = time.time()
         game = evaluate(
-            q_network, env_id, n_actions, torch.device("cpu"), 1, args.epsilon, args.seed + i, forced_steps=forced_steps
+            q_network, env_id, n_actions, torch.device("cpu"), 1, args.epsilon, args.seed + i, protocol=protocol
         )
         games.append(game)
         print(
@@ -166,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         "human_normalized_score": human_normalized_score(env_id, mean),
         "epsilon": args.epsilon,
         "seeds": [args.seed + i for i in range(args.episodes)],
-        "forced_steps": forced_steps,
+        "protocol": protocol,
     }
     print(json_module.dumps(result) if args.json else summary(result, args.model_path), flush=True)
 
