@@ -150,7 +150,7 @@ class TrainEnvs:
         # "steps": the no-ops are NOOP agent steps pressed for the agent (forced steps), drawn per game by its own
         # generator (seeded as the game), so ale-py plays none of its own
         self.envs = make_vector_env(env_id, num_envs, noop_max if noop_starts == "frames" else 0)
-        self.noop_rngs = [np.random.default_rng(seed + i) for i in range(num_envs)]  # environment i's game: seed + i
+        self.noop_rngs: list[np.random.Generator] = []  # per environment, seeded as its game by reset and restart
         self.single_action_space = self.envs.single_action_space
         self.n_actions = int(self.single_action_space.n)
         self.seed = seed
@@ -217,7 +217,7 @@ class TrainEnvs:
         if self._sent is not None:  # a step in flight: finish it (its result is dropped)
             self.recv()
         obs, info = self.envs.reset(seed=self.seed)
-        self.noop_rngs = [np.random.default_rng(self.seed + i) for i in range(self.num_envs)]
+        self.noop_rngs = [np.random.default_rng(self.seed + i) for i in range(self.num_envs)]  # env i's game: seed + i
         self.lives[:] = _lives(info, self.num_envs)
         self.pending_reset[:] = False
         self.forced_actions[:] = -1
@@ -437,8 +437,9 @@ def play_episodes(
     slots = min(num_episodes, parallel)
     game_rngs = rng.spawn(num_episodes)
     # slot k starts game k, seed + k
-    protocol = dict(forced_steps=forced_steps, zero_stacks=zero_stacks, noop_starts=noop_starts)
-    envs = TrainEnvs(env_id, slots, seed=seed, **protocol)
+    envs = TrainEnvs(
+        env_id, slots, seed=seed, forced_steps=forced_steps, zero_stacks=zero_stacks, noop_starts=noop_starts
+    )
     try:
         obs = envs.reset()
         if record is not None:
