@@ -154,7 +154,9 @@ def augment(obs, pad: int, intensity_scale: float, generator=None):
     cols = (torch.arange(w) + shifts[:, 1:] - pad).clamp(0, w - 1)
     pixels = (rows[:, :, None] * w + cols[:, None, :]).reshape(n, 1, h * w).expand(n, stack, h * w).to(obs.device)
     cropped = obs.reshape(n, stack, h * w).gather(2, pixels).view(n, stack, h, w)
-    return cropped.contiguous(memory_format=torch.channels_last).float() * (1.0 + intensity_scale * noise)
+    # the scaled floats written straight into channels-last memory: one pass, not a reordered copy first
+    out = torch.empty(n, stack, h, w, device=obs.device, memory_format=torch.channels_last)
+    return torch.mul(cropped.float(), 1.0 + intensity_scale * noise, out=out)
 
 
 def augment_batch(data, pad: int, intensity_scale: float, generator=None):
@@ -267,8 +269,10 @@ if __name__ == "__main__":
                     loss.backward()
                     optimizer.step()
 
-            # update target network
-            if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
+            # update target network (not while the online network is its own target: copying its 4M weights after
+            # every update would add 40% to the step, benchmarks/RESULTS.md)
+            crossed = global_step // args.target_network_frequency > previous_step // args.target_network_frequency
+            if crossed and target_now is target_network:
                 for target_param, q_param in zip(target_network.parameters(), q_network.parameters(), strict=True):
                     target_param.data.copy_(args.tau * q_param.data + (1.0 - args.tau) * target_param.data)
 
