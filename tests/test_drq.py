@@ -528,6 +528,14 @@ def test_the_evaluation_command_refuses_a_model_that_does_not_record_its_protoco
     assert done.returncode == 2 and "--forced-steps" in done.stderr and "--no-forced-steps" in done.stderr, done.stderr
     assert "does not record its protocol" in done.stderr and "Traceback" not in done.stderr
     done = run_python(
-        "-m", "cleanrl_utils.tools.evaluate", str(model), "--episodes", "1", "--no-forced-steps", "--json"
-    )
+        "-m",
+        "cleanrl_utils.tools.evaluate",
+        str(model),
+        "--episodes",
+        "1",
+        "--epsilon",
+        "1",
+        "--no-forced-steps",
+        "--json",
+    )  # random play (epsilon 1) presses FIRE: an untrained greedy agent may not, and play to the 27,000-step cap
     assert done.returncode == 0 and json.loads(done.stdout)["protocol"] == {"forced_steps": False}, done.stderr[-3000:]
