@@ -50,7 +50,8 @@ def main() -> None:
     drq = load_algorithm(REPO / "algos" / "drq.py")
     args = drq.Args()
     rb = filled_buffer(5_000, args.n_step, seed=0)
-    envs = TrainEnvs(options.env_id, 1, seed=1, forced_steps=False, zero_stacks=True, noop_starts="steps")
+    protocol = dict(forced_steps=args.forced_steps, zero_stacks=args.zero_stacks, noop_starts=args.noop_starts)
+    envs = TrainEnvs(options.env_id, 1, seed=1, **protocol)  # drq.py's defaults, read from its Args
     q_network, _, optimizer = make_learner(drq, envs.n_actions, seed=0)
     obs = envs.reset()
 
