@@ -96,6 +96,10 @@ class Args(RunFlags):  # + the shared flags for running: threads, run folder, ch
     """the random shift's edge padding in pixels: each image moves by -pad to pad - 1 pixels on each axis"""
     intensity_scale: float = 0.05
     """each image is multiplied by 1 + scale * clip(N(0, 1), -2, 2) (0: shifts only)"""
+    shift_per: Literal["sample", "batch"] = "sample"
+    """the random shift: `sample`, each sampled stack its own (Dopamine's code since February 2022, as DrQ's own);
+    `batch`, one shift for all the stacks of s and another for those of s' (Dopamine's code in 2021, when the
+    published DrQ(eps) runs were made); the intensity is drawn per stack in both"""
     forced_steps: bool = False
     """whether FIRE is pressed for the agent at a game's start and after a life loss (NOOP, FIRE, 2), as the other
     scripts' protocol (CleanRL's wrappers); off: the agent plays every step, as Dopamine's Atari 100k"""
@@ -138,15 +142,18 @@ def xavier_init(network: nn.Module) -> None:
             nn.init.zeros_(layer.bias)
 
 
-def augment(obs, pad: int, intensity_scale: float, generator=None):
+def augment(obs, pad: int, intensity_scale: float, generator=None, shift_per: str = "sample"):
     """DrQ's augmentation as Dopamine's drq_image_augmentation: each stack (all its frames alike) padded by `pad`
     pixels repeating its edges, cropped back to its size at a random offset in [0, 2 pad) on each axis (a shift
     by -pad to pad - 1 pixels), then multiplied by 1 + intensity_scale * clip(N(0, 1), -2, 2); each sample its
-    own draw. uint8 or float (batch, stack, H, W) -> float32 on the 0-255 scale (the encoder divides by 255), in
-    channels-last memory order, which the CPU's convolutions read faster (benchmarks/RESULTS.md)"""
+    own draw (`shift_per="batch"`: one offset for the whole batch, the scales still per sample). uint8 or float
+    (batch, stack, H, W) -> float32 on the 0-255 scale (the encoder divides by 255), in channels-last memory order,
+    which the CPU's convolutions read faster (benchmarks/RESULTS.md)"""
     n, stack, h, w = obs.shape
     # drawn on the CPU (torch's generator there, or `generator`): no read back from an accelerator
-    shifts = torch.randint(0, 2 * pad, (n, 2), generator=generator) if pad > 0 else torch.full((n, 2), pad)
+    draws = n if shift_per == "sample" else 1  # "batch": one offset for every stack, as Dopamine's code in 2021
+    shifts = torch.randint(0, 2 * pad, (draws, 2), generator=generator) if pad > 0 else torch.full((draws, 2), pad)
+    shifts = shifts.expand(n, 2)
     noise = torch.randn(n, 1, 1, 1, generator=generator).clamp(-2.0, 2.0).to(obs.device)
     # padding by repeated edges, then cropping at (y, x), reads row clamp(r + y - pad) and column clamp(c + x - pad)
     # of the image: those pixels are gathered directly, on uint8, without building the padded copy
@@ -159,10 +166,10 @@ def augment(obs, pad: int, intensity_scale: float, generator=None):
     return torch.mul(cropped.float(), 1.0 + intensity_scale * noise, out=out)
 
 
-def augment_batch(data, pad: int, intensity_scale: float, generator=None):
+def augment_batch(data, pad: int, intensity_scale: float, generator=None, shift_per: str = "sample"):
     """s and s' augmented with independent draws (the reference's two keys); the rest of the batch as it is"""
-    observations = augment(data.observations, pad, intensity_scale, generator)
-    next_observations = augment(data.next_observations, pad, intensity_scale, generator)
+    observations = augment(data.observations, pad, intensity_scale, generator, shift_per)
+    next_observations = augment(data.next_observations, pad, intensity_scale, generator, shift_per)
     return data._replace(observations=observations, next_observations=next_observations)
 
 
@@ -261,7 +268,9 @@ if __name__ == "__main__":
                 with run.timed("learning"):
                     data = rb.sample(args.batch_size)
                     if args.augmentation:  # DrQ: torch's CPU generator draws the shifts and scales (checkpointed)
-                        data = augment_batch(data, args.augmentation_pad, args.intensity_scale)
+                        data = augment_batch(
+                            data, args.augmentation_pad, args.intensity_scale, shift_per=args.shift_per
+                        )
                     loss, metrics = compute_loss(q_network, target_now, data, args)
                     if run.skip(loss):  # --on-nonfinite skip: a non-finite loss is not applied
                         continue

@@ -98,7 +98,7 @@ def test_augment_without_padding_or_noise_is_the_identity_and_runs_on_atari_stac
 @pytest.mark.parametrize(
     "bug,original,changed",
     [
-        ("one shift for the batch", "(0, 2 * pad, (n, 2), generator=generator)", "(0, 2 * pad, (1, 2), generator=generator).expand(n, 2)"),
+        ("one shift for the batch", 'draws = n if shift_per == "sample" else 1', "draws = 1"),
         ("offsets 0 to 2 pad", "torch.randint(0, 2 * pad,", "torch.randint(0, 2 * pad + 1,"),
         ("noise not clipped", ".clamp(-2.0, 2.0)", ""),
         ("one scale for the batch", "torch.randn(n, 1, 1, 1,", "torch.randn(1, 1, 1, 1,"),
@@ -109,6 +109,59 @@ def test_a_planted_bug_in_the_augmentation_fails_its_check(bug, original, change
     mutant = planted(tmp_path, original, changed)
     with pytest.raises(AssertionError):
         check_augment(mutant)
+
+
+def check_one_shift_per_batch(module, pad: int = 4, scale: float = 0.05) -> None:
+    """--shift-per batch, Dopamine's `_random_crop` of 2021 (one `randint(shape=())` offset for the whole batch, the
+    intensity still `normal(shape=(batch, 1, 1, 1))`): 500 batches of 3 stacks, every stack of a batch shifted by the
+    same offset and scaled by its own number; over the batches, all 64 offsets in [0, 2 pad) x [0, 2 pad)"""
+    generator, draws = torch.Generator().manual_seed(3), torch.Generator().manual_seed(5)
+    offsets = set()
+    for _ in range(500):
+        obs = torch.randint(1, 256, (3, 4, 10, 10), dtype=torch.uint8, generator=generator)
+        fits = fitted_shifts(obs.numpy(), module.augment(obs, pad, scale, draws, "batch").numpy(), pad)
+        assert len({(dy, dx) for dy, dx, _ in fits}) == 1, f"one batch, several shifts: {fits}"
+        assert len({s for _, _, s in fits}) == 3, f"one batch, one scale for all its stacks: {fits}"
+        offsets.add(fits[0][:2])
+    assert offsets == {(dy, dx) for dy in range(2 * pad) for dx in range(2 * pad)}, sorted(offsets)
+
+
+def test_shift_per_batch_gives_every_stack_of_a_batch_the_same_shift_and_its_own_scale(drq):
+    check_one_shift_per_batch(drq)
+
+
+@pytest.mark.parametrize(
+    "bug,original,changed",
+    [
+        ("a shift per sample under --shift-per batch", 'draws = n if shift_per == "sample" else 1', "draws = n"),
+        ("offsets 0 to 2 pad", "torch.randint(0, 2 * pad,", "torch.randint(0, 2 * pad + 1,"),
+        ("one scale for the batch", "torch.randn(n, 1, 1, 1,", "torch.randn(1, 1, 1, 1,"),
+    ],
+)  # fmt: skip
+def test_a_planted_bug_in_the_batch_shift_fails_its_check(bug, original, changed, tmp_path):
+    mutant = planted(tmp_path, original, changed)
+    with pytest.raises(AssertionError):
+        check_one_shift_per_batch(mutant)
+
+
+def test_shift_per_batch_draws_s_and_s_prime_apart_and_reaches_the_loop(drq):
+    """s's batch and s''s batch each one shift, drawn apart (the reference's two keys: 1 in 64 alike); the flag is
+    an Args field that the loop passes on (a typo in either would leave the default)"""
+    obs = torch.randint(1, 256, (6, 4, 12, 12), dtype=torch.uint8)
+    zeros = torch.zeros(6)
+    batch = ReplayBatch(obs, torch.zeros(6, dtype=torch.long), zeros, obs.clone(), zeros, zeros)
+    alike = 0
+    for seed in range(64):
+        out = drq.augment_batch(batch, 4, 0.0, torch.Generator().manual_seed(seed), shift_per="batch")
+        s, s_next = (
+            fitted_shifts(obs.numpy(), out.observations.numpy(), 4),
+            fitted_shifts(obs.numpy(), out.next_observations.numpy(), 4),
+        )
+        assert len({f[:2] for f in s}) == 1 and len({f[:2] for f in s_next}) == 1
+        alike += s[0][:2] == s_next[0][:2]
+    assert alike <= 5, f"{alike} of 64 batches shifted s and s' alike"
+    assert drq.Args(shift_per="batch").shift_per == "batch"
+    assert "shift_per=args.shift_per" in SCRIPT.read_text()
 
 
 def test_s_and_s_prime_get_independent_draws(drq):
@@ -305,6 +358,7 @@ REFERENCE = {
     "augmentation": True,  # Atari100kRainbowAgent.data_augmentation
     "augmentation_pad": 4,  # drq_image_augmentation(img_pad=4)
     "intensity_scale": 0.05,  # _intensity_aug(scale=0.05)
+    "shift_per": "sample",  # _per_image_random_crop: randint(shape=(batch_size,)), since 2022 (1bb064b)
     "forced_steps": False,  # atari_lib.AtariPreprocessing presses nothing for the agent (no FireResetEnv)
     "zero_stacks": True,  # atari_100k_rainbow_agent.py _reset_state (zeros) at every begin_episode
     "noop_starts": "steps",  # atari_100k_runner.py lines 204-212: randint(0, 30) times env.step(0), agent steps
