@@ -415,6 +415,7 @@ def play_episodes(
     parallel: int = EVAL_PARALLEL_GAMES,
     zero_stacks: bool = False,
     noop_starts: str = "frames",
+    on_game_end: Callable[[int, float, int], None] | None = None,
 ) -> tuple[list[float], list[int], np.ndarray]:
     """Play ``num_episodes`` whole games under the training protocol (forced steps, fresh stacks
     after a life loss) but with raw rewards and no life-loss ending, with epsilon-greedy actions
@@ -431,6 +432,8 @@ def play_episodes(
     ``record``, if given, is called with game 0's frames as its agent sees them: the newest 84x84
     frame of its stack at the start, then after each of its steps, the last one being the game's
     end: its length + 1 frames. Recording changes nothing.
+    ``on_game_end``, if given, is called as each game ends, in the order they end, with the game's index, return
+    and length: what shows a long evaluation is alive.
     ``forced_steps``, ``zero_stacks``, ``noop_starts``: the protocol, as ``TrainEnvs``'s (``TrainEnvs.protocol``)."""
     if parallel < 1:
         raise ValueError(f"parallel={parallel}: at least one game must be played at a time")
@@ -467,6 +470,8 @@ def play_episodes(
                 if game[slot] < 0:
                     continue
                 returns[game[slot]], lengths[game[slot]] = episodic_return, length
+                if on_game_end is not None:
+                    on_game_end(int(game[slot]), float(episodic_return), int(length))
                 game[slot], starting[slot] = (next_game, True) if next_game < num_episodes else (-1, False)
                 next_game += starting[slot]
             if starting.any():

@@ -26,12 +26,14 @@ def evaluate(
     seed: int = 0,
     video_path: Path | None = None,
     protocol: dict[str, Any] | None = None,
+    on_game_end: Callable[[int, float, int], None] | None = None,
 ) -> dict[str, Any]:
     """Play ``episodes`` whole games with the network's greedy action (argmax of its forward
     output, the Q-values) taken with probability 1 - ``epsilon``. With ``video_path``, the first of
     these games (seeded ``seed``) is recorded as MP4 as it is played and scored (``mp4_recorder``).
     ``protocol``: how the games are played for the agent, as the training's ``TrainEnvs.protocol`` (forced steps,
-    zero-filled stacks, no-op starts); None: ``TrainEnvs``'s defaults, the Nature DQN protocol."""
+    zero-filled stacks, no-op starts); None: ``TrainEnvs``'s defaults, the Nature DQN protocol.
+    ``on_game_end``: called as each game ends with its index (its seed is ``seed`` + index), return and length."""
     was_training = q_network.training
     q_network.eval()
 
@@ -43,7 +45,16 @@ def evaluate(
         with contextlib.nullcontext() if video_path is None else mp4_recorder(video_path) as record:
             rng = np.random.default_rng(seed)  # the evaluation's own exploration draws
             returns, lengths, histogram = play_episodes(
-                env_id, episodes, seed, greedy, n_actions, epsilon, rng, record=record, **(protocol or {})
+                env_id,
+                episodes,
+                seed,
+                greedy,
+                n_actions,
+                epsilon,
+                rng,
+                record=record,
+                on_game_end=on_game_end,
+                **(protocol or {}),
             )
     finally:
         q_network.train(was_training)

@@ -265,6 +265,11 @@ class Record:
     def scalar(self, tag: str, value: float, global_step: int) -> None:
         self.writer.add_scalar(tag, value, global_step)
 
+    def evaluation_game(self, ended: int, games: int, episodic_return: float, length: int, seed: int) -> None:
+        """One evaluation game's end, as it ends (CleanRL prints each evaluation game): a long evaluation, whose
+        games can each run to the 27,000-step cap, shows it is alive."""
+        self.print(f"eval_episode={ended}/{games}, episodic_return={episodic_return:g}, length={length}, seed={seed}")
+
     def evaluation(self, global_step: int, result: dict[str, Any], final: bool = False) -> None:
         self.counts["evaluations"] += 1
         self.counts["eval_episodes"] += len(result["episodic_returns"])

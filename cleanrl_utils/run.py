@@ -15,6 +15,7 @@ the algorithm and the loop; the run never decides the loop: ``step`` says when t
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -330,6 +331,12 @@ class Run:
         """One evaluation of the policy network (--eval-episodes whole games, --eval-epsilon), under the games'
         own protocol, on games seeded apart from training's and from the other evaluations'."""
         args, record = self.args, self.record
+        seed = args.seed + 10_000 + 100 * record.counts["evaluations"]
+        ended = itertools.count(1)
+
+        def show_game(game: int, episodic_return: float, length: int) -> None:
+            record.evaluation_game(next(ended), args.eval_episodes, episodic_return, length, seed + game)
+
         with self.timed("evaluation"):
             result = evaluate(
                 self.policy,
@@ -338,9 +345,10 @@ class Run:
                 self.device,
                 args.eval_episodes,
                 args.eval_epsilon,
-                seed=args.seed + 10_000 + 100 * record.counts["evaluations"],
+                seed=seed,
                 video_path=record.video_path(global_step),
                 protocol=self.envs.protocol,
+                on_game_end=show_game,
             )
         record.evaluation(global_step, result, final=final)
 

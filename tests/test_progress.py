@@ -278,11 +278,11 @@ def test_evaluation_command_shows_each_game_then_a_readable_summary(saved_model)
     done = run_python("-m", "cleanrl_utils.tools.evaluate", str(saved_model), "--episodes", "3", "--epsilon", "1",
                       "--seed", "7")  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    games = re.findall(r"^game (\d)/3: return (\S+), 1 agent steps, \d+\.\ds$", done.stderr, re.M)
-    assert [g for g, _ in games] == ["1", "2", "3"], done.stderr
+    games = re.findall(r"^game (\d)/3 \(seed (\d+)\): return (\S+), 1 agent steps, \d+\.\ds$", done.stderr, re.M)
+    assert [(g, seed) for g, seed, _ in games] == [("1", "7"), ("2", "8"), ("3", "9")], done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == f"dqn on {BANDIT} ({saved_model}): 3 games, epsilon 1.0, seeds 7-9"
-    mean = sum(float(r) for _, r in games) / 3
+    mean = sum(float(r) for *_, r in games) / 3
     assert re.match(rf"  return: mean {mean:.2f} \+- \d\.\d\d \(std\), min \S+, median \S+, max \S+$", lines[1])
     assert lines[2] == "  human-normalized score: n/a (no reference scores for this game)"
     assert lines[3] == "  game length: mean 1 agent steps (min 1, max 1)"

@@ -17,9 +17,12 @@ on the same runs (conftest's ``toy_run`` and ``breakout_run``: one run per scrip
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
+from itertools import chain
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,9 +84,23 @@ def check_logged_epsilon(events: list, args: dict) -> list[float]:
 # ---------------------------------------------------------------- 1. learning a toy task, and resuming it exactly
 
 
+def assert_each_evaluation_game_shown(stdout: str, run: Path) -> None:
+    """Each evaluation game is printed as it ends, with what evaluations.json keeps of it."""
+    shown = re.findall(r"^eval_episode=(\d+)/(\d+), episodic_return=(\S+), length=(\d+), seed=(\d+)$", stdout, re.M)
+    for evaluation in read_json(run / "evaluations.json"):
+        n = len(evaluation["episodic_returns"])
+        games, shown = shown[:n], shown[n:]
+        assert [(int(k), int(total)) for k, total, *_ in games] == [(k, n) for k in range(1, n + 1)]
+        played = zip(evaluation["episodic_returns"], evaluation["episodic_lengths"], strict=True)
+        expected = {(r, length, evaluation["seed"] + i) for i, (r, length) in enumerate(played)}
+        assert {(float(r), int(length), int(seed)) for *_, r, length, seed in games} == expected
+    assert shown == []
+
+
 @pytest.mark.parametrize("script", [*SCRIPTS, TEMPLATE])
 def test_learns_the_delayed_reward_task(script, toy_run):
     stdout, run_dir = toy_run(script)
+    assert_each_evaluation_game_shown(stdout, run_dir)  # 20 games: their seeds and the order they end in
     mean = read_json(run_dir / "evaluations.json")[-1]["mean"]
     assert mean >= 0.95, f"{script} on DelayedImage: evaluation mean {mean}, optimum 1, random 0.5"
     low, high = Q_RANGE[script]
@@ -144,6 +161,7 @@ def test_breakout_run_prints_the_standard_lines(script, breakout_run):
     assert logged["losses/q_values"][0].value == pytest.approx(q_value, rel=1e-5)
     assert stdout.count("Eval episodic_return: ") == 2
     assert len(re.findall(r"^Final eval return: \S+$", stdout, re.M)) == 1
+    assert_each_evaluation_game_shown(stdout, run)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -190,13 +208,19 @@ def test_breakout_records_the_periodic_and_final_evaluations(script, breakout_ru
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_breakout_saved_model_plays_with_the_evaluation_command(script, breakout_run):
-    """evaluation rebuilds the network from what the model file records and plays with it"""
-    model = breakout_run(script).dir / f"{script}.cleanrl_model"
+    """evaluation rebuilds the network from what the model file records and plays with it: with the final
+    evaluation's seed, epsilon and number of games, the very games the run's final evaluation played"""
+    run = breakout_run(script).dir
+    model = run / f"{script}.cleanrl_model"
     saved = torch.load(model, map_location="cpu", weights_only=True)
     assert saved["n_actions"] == 4 and saved["env_id"] == "BreakoutNoFrameskip-v4"
-    done = run_python("-m", "cleanrl_utils.tools.evaluate", str(model), "--episodes", "1", "--epsilon", "0.05")
+    final = read_json(run / "evaluations.json")[-1]
+    flags = {"--episodes": len(final["episodic_returns"]), "--epsilon": final["epsilon"], "--seed": final["seed"]}
+    done = run_python("-m", "cleanrl_utils.tools.evaluate", str(model), *map(str, chain(*flags.items())), "--json")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "Eval episodic_return:" in done.stdout
+    result = json.loads(done.stdout)
+    for key in ("episodic_returns", "episodic_lengths", "action_histogram"):
+        assert result[key] == final[key], key
 
 
 def test_double_dqn_plays_pong_with_four_environments(tmp_path):

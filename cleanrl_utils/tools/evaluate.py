@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import itertools
 import json as json_module
 import sys
 import time
@@ -22,7 +23,6 @@ import tyro
 from cleanrl_utils.checks import fail
 from cleanrl_utils.envs import EnvIdError, ale_game, check_env_id
 from cleanrl_utils.evaluation import evaluate
-from cleanrl_utils.scores import human_normalized_score
 
 
 def load_algorithm(script: str | Path):
@@ -73,8 +73,9 @@ PROTOCOL = tyro.conf.create_mutex_group(required=False, title="the protocol")
 @dataclass
 class EvaluateArgs:
     """Evaluate a model saved by a run (--save-model) on whole games, as the runs evaluate: raw game score, no
-    life-loss ending, the no-op starts, forced steps and stacks its run played, epsilon-greedy actions. The games are played one after another; a
-    line per game goes to standard error as it ends, then a summary to standard output. Example:
+    life-loss ending, the no-op starts, forced steps and stacks its run played, epsilon-greedy actions with a run's
+    draws for the same seed, several games at a time. A line per game goes to standard error as it ends, then a
+    summary to standard output. Example:
     python -m cleanrl_utils.tools.evaluate runs/BreakoutNoFrameskip-v4__dqn__1__1700000000/dqn.cleanrl_model"""
 
     model_path: Annotated[tyro.conf.Positional[str], tyro.conf.arg(metavar="MODEL_PATH")]
@@ -145,32 +146,25 @@ def main(argv: list[str] | None = None) -> None:
         if env.action_space.n != n_actions:
             fail(f"--env-id {env_id} has {env.action_space.n} actions, the model {n_actions}")
         env.close()
-    games = []
-    for i in range(args.episodes):  # one game at a time, so that each shows as it ends
-        start = time.time()
-        game = evaluate(
-            q_network, env_id, n_actions, torch.device("cpu"), 1, args.epsilon, args.seed + i, protocol=protocol
-        )
-        games.append(game)
+    start, ended = time.time(), itertools.count(1)
+
+    def show_game(game: int, episodic_return: float, length: int) -> None:
         print(
-            f"game {i + 1}/{args.episodes}: return {game['episodic_returns'][0]:g}, "
-            f"{game['episodic_lengths'][0]:,} agent steps, {time.time() - start:.1f}s",
+            f"game {next(ended)}/{args.episodes} (seed {args.seed + game}): return {episodic_return:g}, "
+            f"{length:,} agent steps, {time.time() - start:.1f}s",
             file=sys.stderr,
             flush=True,
         )
-    returns = [g["episodic_returns"][0] for g in games]
-    mean = float(np.mean(returns))
+
+    played = evaluate(
+        q_network, env_id, n_actions, torch.device("cpu"), args.episodes, args.epsilon, args.seed, protocol=protocol,
+        on_game_end=show_game,
+    )  # fmt: skip
     result = {
         "model": args.model_path,
         "algo": saved["algo"],
         "env_id": env_id,
-        "episodic_returns": returns,
-        "episodic_lengths": [g["episodic_lengths"][0] for g in games],
-        "mean": mean,
-        "std": float(np.std(returns)),
-        "action_histogram": np.sum([g["action_histogram"] for g in games], axis=0).tolist(),
-        "human_normalized_score": human_normalized_score(env_id, mean),
-        "epsilon": args.epsilon,
+        **played,  # returns, lengths, mean, std, action histogram, human-normalized score, epsilon, first seed
         "seeds": [args.seed + i for i in range(args.episodes)],
         "protocol": protocol,
     }
