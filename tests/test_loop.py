@@ -146,7 +146,7 @@ def test_each_evaluation_plays_the_games_of_the_seeds_it_records(script, breakou
         command = ["-m", "cleanrl_utils.tools.evaluate", str(model), "--episodes", "1"]
         done = run_python(*command, "--epsilon", str(final["epsilon"]), "--seed", str(game_seed), timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
-        match = re.search(r"game 1/1: return (\S+), ([\d,]+) agent steps", done.stderr)
+        match = re.search(rf"game 1/1 \(seed {game_seed}\): return (\S+), ([\d,]+) agent steps", done.stderr)
         return float(match.group(1)), int(match.group(2).replace(",", ""))
 
     assert replay(final["seed"]) == (final["episodic_returns"][0], final["episodic_lengths"][0])
