@@ -415,7 +415,7 @@ def play_episodes(
     parallel: int = EVAL_PARALLEL_GAMES,
     zero_stacks: bool = False,
     noop_starts: str = "frames",
-    on_game_end: Callable[[int, float, int], None] | None = None,
+    on_game_end: Callable[[int, int, float, int], None] | None = None,
 ) -> tuple[list[float], list[int], np.ndarray]:
     """Play ``num_episodes`` whole games under the training protocol (forced steps, fresh stacks
     after a life loss) but with raw rewards and no life-loss ending, with epsilon-greedy actions
@@ -432,8 +432,8 @@ def play_episodes(
     ``record``, if given, is called with game 0's frames as its agent sees them: the newest 84x84
     frame of its stack at the start, then after each of its steps, the last one being the game's
     end: its length + 1 frames. Recording changes nothing.
-    ``on_game_end``, if given, is called as each game ends, in the order they end, with the game's index, return
-    and length: what shows a long evaluation is alive.
+    ``on_game_end``, if given, is called as each game ends, in the order they end, with the game's index, how many
+    games have ended (this one included), its return and its length: what shows a long evaluation is alive.
     ``forced_steps``, ``zero_stacks``, ``noop_starts``: the protocol, as ``TrainEnvs``'s (``TrainEnvs.protocol``)."""
     if parallel < 1:
         raise ValueError(f"parallel={parallel}: at least one game must be played at a time")
@@ -448,7 +448,7 @@ def play_episodes(
         if record is not None:
             record(obs[0, -1].copy())
         game = np.arange(slots)  # the game each slot plays; -1: none left for it
-        next_game = slots
+        next_game, ended = slots, 0
         returns = np.zeros(num_episodes)
         lengths = np.zeros(num_episodes, dtype=np.int64)
         histogram = np.zeros(n_actions, dtype=np.int64)
@@ -470,8 +470,9 @@ def play_episodes(
                 if game[slot] < 0:
                     continue
                 returns[game[slot]], lengths[game[slot]] = episodic_return, length
+                ended += 1
                 if on_game_end is not None:
-                    on_game_end(int(game[slot]), float(episodic_return), int(length))
+                    on_game_end(int(game[slot]), ended, float(episodic_return), int(length))
                 game[slot], starting[slot] = (next_game, True) if next_game < num_episodes else (-1, False)
                 next_game += starting[slot]
             if starting.any():

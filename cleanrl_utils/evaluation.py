@@ -26,14 +26,15 @@ def evaluate(
     seed: int = 0,
     video_path: Path | None = None,
     protocol: dict[str, Any] | None = None,
-    on_game_end: Callable[[int, float, int], None] | None = None,
+    on_game_end: Callable[[int, int, float, int], None] | None = None,
 ) -> dict[str, Any]:
     """Play ``episodes`` whole games with the network's greedy action (argmax of its forward
     output, the Q-values) taken with probability 1 - ``epsilon``. With ``video_path``, the first of
     these games (seeded ``seed``) is recorded as MP4 as it is played and scored (``mp4_recorder``).
     ``protocol``: how the games are played for the agent, as the training's ``TrainEnvs.protocol`` (forced steps,
     zero-filled stacks, no-op starts); None: ``TrainEnvs``'s defaults, the Nature DQN protocol.
-    ``on_game_end``: called as each game ends with its index (its seed is ``seed`` + index), return and length."""
+    ``on_game_end``: called as each game ends with its index (its seed is ``seed`` + index), how many games have
+    ended, its return and its length."""
     was_training = q_network.training
     q_network.eval()
 

@@ -15,7 +15,6 @@ the algorithm and the loop; the run never decides the loop: ``step`` says when t
 
 from __future__ import annotations
 
-import itertools
 import os
 import random
 import signal
@@ -332,10 +331,9 @@ class Run:
         own protocol, on games seeded apart from training's and from the other evaluations'."""
         args, record = self.args, self.record
         seed = args.seed + 10_000 + 100 * record.counts["evaluations"]
-        ended = itertools.count(1)
 
-        def show_game(game: int, episodic_return: float, length: int) -> None:
-            record.evaluation_game(next(ended), args.eval_episodes, episodic_return, length, seed + game)
+        def show_game(game: int, ended: int, episodic_return: float, length: int) -> None:
+            record.evaluation_game(ended, args.eval_episodes, episodic_return, length, seed + game)
 
         with self.timed("evaluation"):
             result = evaluate(

@@ -161,17 +161,18 @@ def test_each_evaluation_game_is_shown_as_it_ends_with_its_return_and_length(par
     """``on_game_end`` is called once per game, at the step the game ends, in the order the games end, with the
     return and length play_episodes returns for it: what a run prints while a long evaluation plays."""
     forwarded: list[int] = []  # one entry per step of the pool: len(forwarded) is the steps played so far
-    ended: list[tuple[int, float, int, int]] = []
+    ended: list[tuple[int, int, float, int, int]] = []
     returns, lengths, _ = play_episodes(
         "BreakoutNoFrameskip-v4", 5, 11, obs_policy(4, forwarded), 4, 0.3, np.random.default_rng(4),
-        parallel=parallel, on_game_end=lambda game, r, length: ended.append((game, r, length, len(forwarded))),
+        parallel=parallel, on_game_end=lambda game, count, r, length: ended.append((game, count, r, length, len(forwarded))),
     )  # fmt: skip
     assert sorted(game for game, *_ in ended) == [0, 1, 2, 3, 4]
-    assert [(r, length) for game, r, length, _ in ended] == [(returns[game], lengths[game]) for game, *_ in ended]
+    assert [count for _, count, *_ in ended] == [1, 2, 3, 4, 5]  # how many have ended, this one included
+    assert [(r, length) for game, _, r, length, _ in ended] == [(returns[game], lengths[game]) for game, *_ in ended]
     at = [step for *_, step in ended]
     assert at == sorted(at) and at[-1] == len(forwarded)  # as they end; the last one ends the evaluation
     if parallel == 5:  # all started at the first step: each shows at the step its length says it ended
-        assert len(set(lengths)) > 1 and all(step == lengths[game] for game, _, _, step in ended)
+        assert len(set(lengths)) > 1 and all(step == lengths[game] for game, _, _, _, step in ended)
 
 
 def test_a_restarted_game_is_the_game_its_seed_starts_in_a_fresh_environment():

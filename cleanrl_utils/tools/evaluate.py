@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import itertools
 import json as json_module
 import sys
 import time
@@ -146,11 +145,11 @@ def main(argv: list[str] | None = None) -> None:
         if env.action_space.n != n_actions:
             fail(f"--env-id {env_id} has {env.action_space.n} actions, the model {n_actions}")
         env.close()
-    start, ended = time.time(), itertools.count(1)
+    start = time.time()
 
-    def show_game(game: int, episodic_return: float, length: int) -> None:
+    def show_game(game: int, ended: int, episodic_return: float, length: int) -> None:
         print(
-            f"game {next(ended)}/{args.episodes} (seed {args.seed + game}): return {episodic_return:g}, "
+            f"game {ended}/{args.episodes} (seed {args.seed + game}): return {episodic_return:g}, "
             f"{length:,} agent steps, {time.time() - start:.1f}s",
             file=sys.stderr,
             flush=True,
