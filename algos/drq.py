@@ -1,11 +1,13 @@
 # DrQ(epsilon) for Atari 100k: DQN with data augmentation (Kostrikov et al. 2020) and the epsilon settings of
 # Agarwal et al. (2021), as Dopamine's labs/atari_100k/configs/DrQ_eps.gin runs it: a dueling head, Double DQN's
 # target, 10-step returns, one update per agent step, the target network synced at every step, Huber loss, and
-# random shifts (4-pixel edge padding) plus intensity noise on s and s' of every sampled batch, each sample its own
-# draw. The network and the games are Dopamine's too, each difference from the other scripts a flag: the Nature
-# encoder's layers with SAME padding (--encoder), Xavier-uniform initialisation (--init), 0 to 29 no-op agent steps
-# (--noop-starts), zero-filled first stacks of games and lives (--zero-stacks), nothing pressed for the agent
-# (--forced-steps). Settings and sources in docs/algorithms.md.
+# random shifts (4-pixel edge padding, one offset per batch) plus intensity noise on s and s' of every sampled batch.
+# By default the agent of Dopamine's code of 2021, which made the published DrQ(eps) runs: one shift per batch
+# (--shift-per) and 0 to 30 no-op frames at a game's start (--noop-starts); --shift-per sample --noop-starts steps give
+# Dopamine's code of today. The network and the games are Dopamine's too, each difference from the other scripts a
+# flag: the Nature encoder's layers with SAME padding (--encoder), Xavier-uniform initialisation (--init), zero-filled
+# first stacks of games and lives (--zero-stacks), nothing pressed for the agent (--forced-steps). Settings and
+# sources in docs/algorithms.md.
 import os
 import sys
 from dataclasses import dataclass
@@ -96,10 +98,10 @@ class Args(RunFlags):  # + the shared flags for running: threads, run folder, ch
     """the random shift's edge padding in pixels: each image moves by -pad to pad - 1 pixels on each axis"""
     intensity_scale: float = 0.05
     """each image is multiplied by 1 + scale * clip(N(0, 1), -2, 2) (0: shifts only)"""
-    shift_per: Literal["sample", "batch"] = "sample"
-    """the random shift: `sample`, each sampled stack its own (Dopamine's code since February 2022, as DrQ's own);
-    `batch`, one shift for all the stacks of s and another for those of s' (Dopamine's code in 2021, when the
-    published DrQ(eps) runs were made); the intensity is drawn per stack in both"""
+    shift_per: Literal["sample", "batch"] = "batch"
+    """the random shift: `batch`, one shift for all the stacks of s and another for those of s' (Dopamine's code in
+    2021, when the published DrQ(eps) runs were made); `sample`, each sampled stack its own (Dopamine's code since
+    February 2022, as DrQ's own); the intensity is drawn per stack in both"""
     forced_steps: bool = False
     """whether FIRE is pressed for the agent at a game's start and after a life loss (NOOP, FIRE, 2), as the other
     scripts' protocol (CleanRL's wrappers); off: the agent plays every step, as Dopamine's Atari 100k"""
@@ -107,9 +109,10 @@ class Args(RunFlags):  # + the shared flags for running: threads, run folder, ch
     """whether the first stack of a game and of a life is zero-filled (three black frames, then the first), in
     training, the replay memory and evaluation, as Dopamine's agent; off: the first frame four times at a game's
     start, the stack carried on across a life loss (the other scripts' without forced steps)"""
-    noop_starts: Literal["steps", "frames"] = "steps"
-    """steps: each game starts with 0 to 29 NOOP agent steps (4 frames each) pressed for the agent, as Dopamine's
-    Atari 100k runner; frames: 0 to 30 no-op frames, as the other scripts"""
+    noop_starts: Literal["steps", "frames"] = "frames"
+    """frames: each game starts with 0 to 30 no-op frames, as the other scripts and nearest to Dopamine's runner of
+    2021 (0 to 29 single frames); steps: 0 to 29 NOOP agent steps (4 frames each) pressed for the agent, as Dopamine's
+    Atari 100k runner of today"""
     encoder: Literal["dopamine", "nature"] = "dopamine"
     """dopamine: the Nature encoder's layers with SAME padding, as Dopamine's network (7,744 features, 4,043,424
     parameters); nature: the fixed Nature encoder of every other script (3,136 features), for equal capacity"""
@@ -219,8 +222,8 @@ if __name__ == "__main__":
     run = Run(args, __file__, check_args)  # --resume, the checks, device, threads, seeding, signals
     device = run.device
 
-    # the games as Dopamine's Atari 100k runner plays them (the defaults): no FIRE pressed for the agent, zero-filled
-    # first stacks, 0 to 29 no-op agent steps; the evaluations play them so too
+    # the games as Dopamine's Atari 100k runner of 2021 played them (the defaults): no FIRE pressed for the agent,
+    # zero-filled first stacks, no-op frames at a game's start; the evaluations play them so too
     protocol = dict(forced_steps=args.forced_steps, zero_stacks=args.zero_stacks, noop_starts=args.noop_starts)
     envs = TrainEnvs(args.env_id, args.num_envs, seed=args.seed, **protocol)
     network = dict(same_padding=args.encoder == "dopamine", xavier=args.init == "xavier")

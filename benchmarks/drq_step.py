@@ -56,7 +56,7 @@ def main() -> None:
     obs = envs.reset()
 
     def update() -> None:
-        data = drq.augment_batch(rb.sample(32), args.augmentation_pad, args.intensity_scale)
+        data = drq.augment_batch(rb.sample(32), args.augmentation_pad, args.intensity_scale, shift_per=args.shift_per)
         loss, _ = drq.compute_loss(q_network, q_network, data, args)
         optimizer.zero_grad()
         loss.backward()

@@ -138,12 +138,9 @@ def scalars(run: Path) -> dict[str, list]:
     return {tag: events.Scalars(tag) for tag in events.Tags()["scalars"]}
 
 
-def check_evaluation(
-    entry: dict, episodes: int, n_actions: int, forced_per_game: int = 2 + 3 * 4, noop_steps: bool = False
-) -> None:
+def check_evaluation(entry: dict, episodes: int, n_actions: int, forced_per_game: int = 2 + 3 * 4) -> None:
     """``forced_per_game``: steps the protocol plays for the agent in a whole game, not in the histogram;
-    Breakout: FIRE and 2 at the start, NOOP, FIRE and 2 after each of 4 life losses; Pong: FIRE and 2.
-    ``noop_steps``: each game also starts with 0 to 29 NOOP steps pressed for the agent (drq.py's default)."""
+    Breakout: FIRE and 2 at the start, NOOP, FIRE and 2 after each of 4 life losses; Pong: FIRE and 2."""
     import numpy as np
 
     returns = entry["episodic_returns"]
@@ -152,7 +149,7 @@ def check_evaluation(
     assert entry["std"] == pytest.approx(np.std(returns))
     assert len(entry["action_histogram"]) == n_actions
     pressed = sum(entry["episodic_lengths"]) - episodes * forced_per_game - sum(entry["action_histogram"])
-    assert 0 <= pressed <= (29 * episodes if noop_steps else 0), pressed
+    assert pressed == 0, pressed
 
 
 # ---------------------------------------------------------------- tiers: `pytest -m "not e2e"` is the unit tier

@@ -358,10 +358,14 @@ REFERENCE = {
     "augmentation": True,  # Atari100kRainbowAgent.data_augmentation
     "augmentation_pad": 4,  # drq_image_augmentation(img_pad=4)
     "intensity_scale": 0.05,  # _intensity_aug(scale=0.05)
-    "shift_per": "sample",  # _per_image_random_crop: randint(shape=(batch_size,)), since 2022 (1bb064b)
+    # the 2021 code, which made the published runs: _random_crop's randint(shape=()), one offset for the batch, until
+    # 1bb064b (2022-02-04; today _per_image_random_crop: --shift-per sample)
+    "shift_per": "batch",
     "forced_steps": False,  # atari_lib.AtariPreprocessing presses nothing for the agent (no FireResetEnv)
     "zero_stacks": True,  # atari_100k_rainbow_agent.py _reset_state (zeros) at every begin_episode
-    "noop_starts": "steps",  # atari_100k_runner.py lines 204-212: randint(0, 30) times env.step(0), agent steps
+    # the 2021 code: eval_run_experiment.py _run_no_ops at 8de9df0, 0 to 29 single ale.act(0) frames (our nearest: 0 to
+    # 30 no-op frames); today atari_100k_runner.py lines 204-212, 0 to 29 agent steps: --noop-starts steps
+    "noop_starts": "frames",
     "encoder": "dopamine",  # networks.py FullRainbowNetwork: Flax nn.Conv, SAME padding
     "init": "xavier",  # kernel_init=nn.initializers.xavier_uniform(), Flax's zero bias_init
 }
@@ -418,7 +422,7 @@ def test_a_planted_bug_in_the_initialisation_fails_its_check(bug, original, chan
         check_xavier(mutant.QNetwork(18))
 
 
-def test_the_defaults_are_dopamines_drq_eps(drq):
+def test_the_defaults_are_the_published_drq_eps_agent(drq):
     args = drq.Args()
     assert {k: getattr(args, k) for k in REFERENCE} == REFERENCE
     assert args.exploration_fraction * args.total_timesteps == 5_000  # JaxDQNAgent.epsilon_decay_period
@@ -547,12 +551,12 @@ def test_the_saved_model_records_no_forced_steps_and_the_evaluation_command_play
     command replays it so: on Breakout, every step of the game is counted as the agent's own action"""
     saved = torch.load(toy_run("drq").dir / "drq.cleanrl_model", map_location="cpu", weights_only=True)
     assert (
-        saved["protocol"] == {"forced_steps": False, "zero_stacks": True, "noop_starts": "steps"}
+        saved["protocol"] == {"forced_steps": False, "zero_stacks": True, "noop_starts": "frames"}
         and saved["algo"] == "drq"
     )
     model = tmp_path / "drq.cleanrl_model"
-    # no-op frames instead of no-op steps (which are pressed for the agent too), so the forced steps alone are counted
-    protocol = {**saved["protocol"], "noop_starts": "frames"}
+    # no-op frames (the default; no-op steps are pressed for the agent too), so the forced steps alone are counted
+    protocol = saved["protocol"]
     breakout = {"env_id": "BreakoutNoFrameskip-v4", "n_actions": 4, "protocol": protocol}
     torch.save({**saved, "state_dict": drq.QNetwork(4).state_dict(), **breakout}, model)
     for flags, forced in (([], False), (["--forced-steps"], True)):

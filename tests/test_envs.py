@@ -125,7 +125,7 @@ def obs_policy(n_actions: int, forwarded: list[int]):
     return select_actions
 
 
-DOPAMINE = {"forced_steps": False, "zero_stacks": True, "noop_starts": "steps"}  # drq.py's protocol
+DOPAMINE = {"forced_steps": False, "zero_stacks": True, "noop_starts": "steps"}  # today's Dopamine runner's protocol
 
 
 @pytest.mark.parametrize(

@@ -81,13 +81,12 @@ def test_the_atari100k_launcher_runs_its_games_and_prints_the_table_beside_the_p
         if algo == "der":  # DER.gin's settings reached the run
             assert (receipt["args"]["n_step"], receipt["args"]["prioritized_beta_end"]) == (10, 0.5)
         # Dopamine's protocol, no forced steps: no FIRE pressed at the game's start (Pong's game outlasts 120
-        # steps), so every step is a transition, and every step of the evaluation's game is the agent's, but for
-        # drq.py's 0 to 29 no-op steps at the game's start
-        noop_steps = algo == "drq"
-        assert 120 - (29 if noop_steps else 0) <= receipt["counts"]["transitions_stored"] <= 120
+        # steps), and no-op frames (drq.py's default, DER's too), not steps: every step is a transition, and every step
+        # of the evaluation's game is the agent's
+        assert receipt["counts"]["transitions_stored"] == 120
         [final] = json.loads((folder / "evaluations.json").read_text())
         n_actions = 6 if game == "Pong" else 18
-        check_evaluation(final, episodes=1, n_actions=n_actions, forced_per_game=0, noop_steps=noop_steps)
+        check_evaluation(final, episodes=1, n_actions=n_actions, forced_per_game=0)
         mean = json.loads((REPO / "benchmarks" / "atari100k_published.json").read_text())["games"][game]
         assert f"| published DrQ(eps) | 100 | 100000 | {mean:.2f} (mean) |" in done.stdout, (game, done.stdout)
     assert f"| {script} | 1 | 120 |" in done.stdout  # our runs' rows
