@@ -546,6 +546,38 @@ def test_the_results_table_lists_the_published_means_beside_ours(tmp_path, capsy
     assert main([str(tmp_path), "--published", str(tmp_path / "none.json")]) == 2
 
 
+def test_the_published_runs_iqm_over_the_games_we_ran_beside_ours(tmp_path, capsys):
+    """with runs of Breakout and Pong only, the published runs' IQM over those two games (200 runs), computed here
+    with scipy's 25% trimmed mean of human-normalised scores from DESIGN.md's random and human scores, sits beside
+    ours; and the published per-run scores average to the per-game means the file states"""
+    from scipy import stats
+
+    from cleanrl_utils.tools.results import main
+
+    published = json.loads(PUBLISHED.read_text())
+    assert sorted(published["runs"]) == sorted(published["games"])
+    for game, runs in published["runs"].items():
+        assert len(runs) == 100 and np.mean(runs) == pytest.approx(published["games"][game], abs=0.006), game
+    for game, score in (("Breakout", 12.0), ("Pong", -5.0)):
+        folder = tmp_path / f"{game}NoFrameskip-v4__drq__1__1700000000"
+        folder.mkdir()
+        receipt = {"status": "finished", "algo": "drq", "seed": 1, "counts": {"env_steps": 100_000}}
+        receipt["args"] = {"env_id": f"{game}NoFrameskip-v4", "exp_name": "drq"}
+        (folder / "receipt.json").write_text(json.dumps(receipt))
+        (folder / "evaluations.json").write_text(json.dumps([{"step": 100_000, "final": True, "mean": score}]))
+    assert main([str(tmp_path), "--published", str(PUBLISHED)]) == 0
+    out = capsys.readouterr().out
+    random_human = {"Breakout": (1.7, 30.5), "Pong": (-20.7, 14.6)}
+    hns = [(s - r) / (h - r) for game, (r, h) in random_human.items() for s in published["runs"][game]]
+    expected = stats.trim_mean(hns, 0.25)
+    [line] = [line for line in out.splitlines() if line.startswith("| the 2 games of drq |")]
+    cells = [cell.strip() for cell in line.strip("|").split("|")]
+    assert cells[1:3] == ["published DrQ(eps), 100 runs per game", "2"]
+    assert float(cells[3]) == pytest.approx(expected, abs=0.0005), (line, expected)
+    low, high = (float(x) for x in cells[4].strip("[]").split(","))
+    assert low < float(cells[3]) < high and high - low < 0.2
+
+
 def test_the_saved_model_records_no_forced_steps_and_the_evaluation_command_plays_so(toy_run, drq, tmp_path):
     """the model file says which protocol its run played (Dopamine's: nothing pressed for the agent); the evaluation
     command replays it so: on Breakout, every step of the game is counted as the agent's own action"""

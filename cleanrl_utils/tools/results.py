@@ -9,7 +9,9 @@ package: resample runs with replacement within each game, 25% trimmed mean of al
 separately for the tuning games and the held-out games.
 
 ``--published FILE`` (e.g. benchmarks/atari100k_published.json) adds a published algorithm's per-game means as a
-row of each game's table, and an aggregate over that file's games with the published IQM beside ours.
+row of each game's table, and an aggregate over that file's games with the published IQM beside ours; where the file
+holds the published per-run scores (``runs``), also the published runs' IQM over the games each algorithm was run on,
+the same games as ours.
 
 Seeds are counted by seed: of several runs of one algorithm, game and seed, the newest finished one is
 used. Unfinished runs and runs much shorter than the others of their algorithm and game are left out
@@ -138,7 +140,8 @@ def final_evaluations(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any
 
 def load_published(path: Path) -> dict[str, Any]:
     """A published algorithm's scores: ``algorithm``, ``source``, ``runs_per_game``, ``steps``, ``games`` (game
-    name -> mean final score), optionally ``iqm`` and ``iqm_ci`` over those games."""
+    name -> mean final score), optionally ``iqm`` and ``iqm_ci`` over those games, and ``runs`` (game name -> each
+    run's final score)."""
     published = json.loads(Path(path).read_text())
     missing = [key for key in ("algorithm", "source", "runs_per_game", "steps", "games") if key not in published]
     if missing:
@@ -199,6 +202,7 @@ def aggregate(records: list[dict], published: dict[str, Any] | None = None) -> l
     lines = ["### Aggregate: IQM of human-normalized scores (stratified bootstrap 95% CI)", ""]
     lines += ["| games | algorithm | games with runs | IQM | 95% CI |", "|---|---|---|---|---|"]
     rows = 0
+    ran = {(r["algo"], r["game"]) for r in records}
     groups = [("tuning", TUNING_GAMES), ("held-out", HELD_OUT_GAMES)]
     if published:
         groups.append((f"{len(published['games'])} games of --published", tuple(published["games"])))
@@ -219,6 +223,8 @@ def aggregate(records: list[dict], published: dict[str, Any] | None = None) -> l
             low, high = stratified_bootstrap_ci(per_game)
             lines.append(f"| {label} | {algo} | {len(per_game)} | {iqm:.3f} | [{low:.3f}, {high:.3f}] |")
             rows += 1
+            if published and "runs" in published and games == tuple(published["games"]):
+                lines.append(published_runs_row(published, algo, [g for g in games if (algo, g) in ran]))
     if published and "iqm" in published:
         low, high = published.get("iqm_ci", ("?", "?"))
         games = len(published["games"])
@@ -229,6 +235,19 @@ def aggregate(records: list[dict], published: dict[str, Any] | None = None) -> l
     if rows == 0:
         lines.append("| (no runs of the tuning or held-out games) | | | | |")
     return lines
+
+
+def published_runs_row(published: dict[str, Any], algo: str, games: list[str]) -> str:
+    """The published runs' IQM and its interval over ``games`` (those ``algo`` was run on): ours beside theirs on
+    the same games, where the file's IQM is over all of its games"""
+    per_game = [
+        np.array([human_normalized_score(game, score) for score in published["runs"][game]], dtype=np.float64)
+        for game in games
+    ]
+    iqm = interquartile_mean(np.concatenate(per_game))
+    low, high = stratified_bootstrap_ci(per_game)
+    name = f"published {published['algorithm']}, {published['runs_per_game']} runs per game"
+    return f"| the {len(games)} games of {algo} | {name} | {len(games)} | {iqm:.3f} | [{low:.3f}, {high:.3f}] |"
 
 
 def main(argv: list[str] | None = None) -> int:
