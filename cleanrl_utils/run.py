@@ -116,7 +116,7 @@ def _nest_run_flags(info: StructTypeInfo) -> StructConstructorSpec | None:
     finally:
         _asking.pop()
     assert isinstance(spec, StructConstructorSpec), spec
-    own = [replace(f, helptext=_paragraph(f.helptext() if callable(f.helptext) else f.helptext)) for f in spec.fields]
+    own = [replace(f, helptext=_paragraph(f.helptext)) for f in spec.fields]
     if info.type is RunFlags:
         return replace(spec, fields=tuple(own))
     shared = [f for f in own if f.name in {g.name for g in fields(RunFlags)}]
@@ -128,8 +128,11 @@ def _nest_run_flags(info: StructTypeInfo) -> StructConstructorSpec | None:
     )
 
 
-def _paragraph(text: str | None) -> str | None:
-    return " ".join(text.split()) if isinstance(text, str) else text  # a docstring's line breaks only wrap it
+def _paragraph(text: Any) -> Any:
+    """A help text (or tyro's lazy one) as one paragraph: a docstring's line breaks only wrap it in the source."""
+    if callable(text):
+        return lambda: _paragraph(text())
+    return " ".join(text.split()) if isinstance(text, str) else text
 
 
 class StopFlag:
