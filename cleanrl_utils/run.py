@@ -119,12 +119,16 @@ def _nest_run_flags(info: StructTypeInfo) -> StructConstructorSpec | None:
     own = [replace(f, helptext=_paragraph(f.helptext)) for f in spec.fields]
     if info.type is RunFlags:
         return replace(spec, fields=tuple(own))
-    shared = [f for f in own if f.name in {g.name for g in fields(RunFlags)}]
-    help_ = "the flags for running, not for learning: the same in every script"
-    nested = Annotated[RunFlags, tyro.conf.OmitArgPrefixes]
-    run = StructFieldSpec("run", nested, RunFlags(**{f.name: f.default for f in shared}), help_)
+    shared = {f.name for f in fields(RunFlags)}
+    run = StructFieldSpec(
+        name="run",
+        type=Annotated[RunFlags, tyro.conf.OmitArgPrefixes],
+        default=RunFlags(**{f.name: f.default for f in own if f.name in shared}),
+        helptext="the flags for running, not for learning: the same in every script",
+    )
     return StructConstructorSpec(
-        lambda run, **kwargs: spec.instantiate(**kwargs, **vars(run)), (*[f for f in own if f not in shared], run)
+        instantiate=lambda run, **kwargs: spec.instantiate(**kwargs, **vars(run)),
+        fields=(*[f for f in own if f.name not in shared], run),
     )
 
 
