@@ -10,12 +10,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
-import tyro
 
 from cleanrl_utils.buffer import ReplayBuffer
 from cleanrl_utils.encoder import NatureCNN
 from cleanrl_utils.envs import TrainEnvs
-from cleanrl_utils.run import Run, RunFlags
+from cleanrl_utils.run import Run, RunFlags, parse_args
 
 
 @dataclass
@@ -115,7 +114,7 @@ def linear_schedule(start_e: float, end_e: float, duration: int, t: int):
 
 
 if __name__ == "__main__":
-    args = tyro.cli(Args)
+    args = parse_args(Args)  # tyro.cli(Args): the algorithm's flags, then the run flags
     run = Run(args, __file__)  # --resume, the checks, device, threads, seeding, signals
     device = run.device
 

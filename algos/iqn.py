@@ -16,12 +16,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
-import tyro
 
 from cleanrl_utils.buffer import ReplayBuffer
 from cleanrl_utils.encoder import NatureCNN
 from cleanrl_utils.envs import TrainEnvs
-from cleanrl_utils.run import Run, RunFlags
+from cleanrl_utils.run import Run, RunFlags, parse_args
 
 
 @dataclass
@@ -174,7 +173,7 @@ def check_args(args: Args) -> str | None:
 
 
 if __name__ == "__main__":
-    args = tyro.cli(Args)
+    args = parse_args(Args)  # tyro.cli(Args): the algorithm's flags, then the run flags
     run = Run(args, __file__, check_args)  # --resume, the checks, device, threads, seeding, signals
     device = run.device
 

@@ -9,12 +9,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.optim as optim
-import tyro
 
 from cleanrl_utils.buffer import ReplayBuffer
 from cleanrl_utils.encoder import NatureCNN
 from cleanrl_utils.envs import TrainEnvs
-from cleanrl_utils.run import Run, RunFlags
+from cleanrl_utils.run import Run, RunFlags, parse_args
 
 
 @dataclass
@@ -163,7 +162,7 @@ def check_args(args: Args) -> str | None:
 
 
 if __name__ == "__main__":
-    args = tyro.cli(Args)
+    args = parse_args(Args)  # tyro.cli(Args): the algorithm's flags, then the run flags
     run = Run(args, __file__, check_args)  # --resume, the checks, device, threads, seeding, signals
     device = run.device
 

@@ -36,6 +36,9 @@ PREFIX = "step_"
 FRAMES = "replay_frames"  # RUN_DIR/checkpoints/replay_frames/: the replay memory's frames, each written once
 SEGMENT_CHUNK = 10_000  # frames compressed or restored at a time (70 MB of 84x84 frames)
 MANIFEST = "replay_segments.json"  # in each checkpoint folder: the segments it needs (read when deleting)
+# CleanRL's flags that the scripts answered but did not use, stored (at their defaults) by checkpoints written
+# before issue 59 took them out of RunFlags; a resume leaves them out
+RETIRED_ARGS = ("cuda", "upload_model", "hf_entity")
 
 
 class CheckpointError(ValueError):
@@ -276,7 +279,7 @@ def resume_args(args: Any, checkpoint: Checkpoint, argv: list[str]) -> tuple[Any
     above the run's: that extends the run (the exploration schedule keeps its end step: --exploration-fraction
     is scaled). A finished run is resumed only so, from its final checkpoint; a setting the script does not
     have refuses the checkpoint."""
-    saved = dict(checkpoint.state["args"])
+    saved = {k: v for k, v in checkpoint.state["args"].items() if k not in RETIRED_ARGS}
     unknown = sorted(set(saved) - set(vars(args)))
     if unknown:
         raise CheckpointError(

@@ -26,13 +26,6 @@ def fail(message: str) -> NoReturn:
 def validate_args(args: Any, replay: bool = True) -> None:
     """Check the flags every script shares; each message names the flag, the value and the fix. ``replay=False``:
     a script without replay memory or target network (PQN), whose Args lack those flags."""
-    if getattr(args, "cuda", None) is not None:
-        fail(f"--cuda is CleanRL's flag; here --device picks the device: --device {'cuda' if args.cuda else 'cpu'}")
-    if getattr(args, "upload_model", False) or getattr(args, "hf_entity", None) is not None:
-        fail(
-            "--upload-model/--hf-entity: CleanRL's Hugging Face upload is not kept here; run with --save-model and "
-            "upload the run folder's .cleanrl_model (for example with huggingface-cli upload)"
-        )
     positive = ["total_timesteps", "num_envs", "eval_episodes"]
     positive += ["buffer_size", "batch_size", "train_frequency", "target_network_frequency"] if replay else []
     for name in positive:

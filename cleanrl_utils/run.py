@@ -21,12 +21,14 @@ import signal
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
 import torch
+import tyro
+from tyro.constructors import ConstructorRegistry, StructConstructorSpec, StructFieldSpec, StructTypeInfo
 
 from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
 from cleanrl_utils.checkpoint import (
@@ -51,7 +53,8 @@ PROGRESS_EVERY = 100  # agent steps between SPS, epsilon and progress updates
 
 @dataclass
 class RunFlags:
-    """The flags every script shares for running, not for learning; each script's ``Args`` subclasses it."""
+    """The flags every script shares for running, not for learning; each script's ``Args`` subclasses it, and
+    ``--help`` lists them after the script's own (``parse_args``)."""
 
     torch_threads: int = 0
     """torch's CPU threads (0: automatic, printed at start; see docs/throughput.md)"""
@@ -69,12 +72,71 @@ class RunFlags:
     larger --total-timesteps, a finished run is extended (the exploration schedule keeps its end step)"""
     buffer_device: Literal["host", "cuda"] = "host"
     """where the replay frames live: host memory, or the training GPU (about 7.1 GB per 1M transitions)"""
-    cuda: bool | None = None
-    """CleanRL's flag, not kept: --device picks the device (--cuda False is --device cpu)"""
-    upload_model: bool = False
-    """CleanRL's Hugging Face upload, not kept: --save-model writes the model into the run folder"""
-    hf_entity: str | None = None
-    """CleanRL's Hugging Face upload, not kept (see --upload-model)"""
+
+
+A = TypeVar("A", bound=RunFlags)
+UPLOAD = "CleanRL's Hugging Face upload is not kept here: run with --save-model and upload the .cleanrl_model"
+RETIRED_FLAGS = {  # CleanRL's flags not kept: --help does not list them; given, they stop a script with what to use
+    "--cuda": "here --device picks the device: --device {}",
+    "--upload-model": UPLOAD,
+    "--hf-entity": UPLOAD,
+}
+
+
+def parse_args(args_type: type[A], argv: list[str] | None = None) -> A:
+    """``tyro.cli(args_type)`` on ``argv`` (default: the command line), with ``--help`` in CleanRL's order: the
+    script's own flags, then the run flags as their own group, each under its own name; one flat ``args_type``
+    comes back (``args.checkpoint_every``), as receipts and checkpoints store it. A retired flag stops here."""
+    argv = sys.argv[1:] if argv is None else argv
+    for i, arg in enumerate(argv):
+        name, _, value = arg.partition("=")
+        name = name.replace("_", "-").replace("--no-", "--")
+        if name in RETIRED_FLAGS:  # --cuda False is --device cpu, --cuda True is --device cuda
+            said = (value or "".join(argv[i + 1 : i + 2])).lower()
+            device = {"false": "cpu", "true": "cuda"}.get(said, "{auto,cuda,mps,cpu}")
+            fail(f"{name} is CleanRL's flag; {RETIRED_FLAGS[name].format(device)}")
+    with _run_flags_last:
+        return tyro.cli(args_type, args=argv)
+
+
+_run_flags_last = ConstructorRegistry()  # parse_args's rule for tyro
+_asking: list[type] = []  # the type that rule is asking tyro's own dataclass rule about
+
+
+@_run_flags_last.struct_rule
+def _nest_run_flags(info: StructTypeInfo) -> StructConstructorSpec | None:
+    """A ``RunFlags`` subclass as tyro's own dataclass rule reads it (each help text made one paragraph), but with
+    the fields of ``RunFlags`` moved into one ``run`` field after the others: a nested ``RunFlags``, shown as its
+    own group, without prefix, and flattened back into one ``info.type`` by ``instantiate``."""
+    if not (isinstance(info.type, type) and issubclass(info.type, RunFlags)) or info.type in _asking:
+        return None
+    _asking.append(info.type)
+    try:
+        spec = ConstructorRegistry.get_struct_spec(info)
+    finally:
+        _asking.pop()
+    assert isinstance(spec, StructConstructorSpec), spec
+    own = [replace(f, helptext=_paragraph(f.helptext)) for f in spec.fields]
+    if info.type is RunFlags:
+        return replace(spec, fields=tuple(own))
+    shared = {f.name for f in fields(RunFlags)}
+    run = StructFieldSpec(
+        name="run",
+        type=Annotated[RunFlags, tyro.conf.OmitArgPrefixes],
+        default=RunFlags(**{f.name: f.default for f in own if f.name in shared}),
+        helptext="the flags for running, not for learning: the same in every script",
+    )
+    return StructConstructorSpec(
+        instantiate=lambda run, **kwargs: spec.instantiate(**kwargs, **vars(run)),
+        fields=(*[f for f in own if f.name not in shared], run),
+    )
+
+
+def _paragraph(text: Any) -> Any:
+    """A help text (or tyro's lazy one) as one paragraph: a docstring's line breaks only wrap it in the source."""
+    if callable(text):
+        return lambda: _paragraph(text())
+    return " ".join(text.split()) if isinstance(text, str) else text
 
 
 class StopFlag:
