@@ -110,7 +110,6 @@ class Run:
         if args.resume:
             try:  # the run's newest checkpoint and its own settings; a bad checkpoint stops here
                 self.checkpoint = find_checkpoint(args.resume, script)
-                self.lock = lock_run_dir(self.checkpoint.run_dir)
                 resumed, self.extension = resume_args(args, self.checkpoint, sys.argv[1:])
                 vars(args).update(vars(resumed))
             except CheckpointError as error:
@@ -134,6 +133,11 @@ class Run:
             check_memory(args.buffer_size, bytes_per_transition(), self.buffer_device)
         elif args.buffer_device != "host":
             fail(f"--buffer-device is for replay memory; {Path(script).name} has none: leave it out")
+        if self.checkpoint is not None:  # the inputs are good: this process becomes the run folder's writer
+            try:
+                self.lock = lock_run_dir(self.checkpoint.run_dir)
+            except CheckpointError as error:
+                fail(str(error))
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
