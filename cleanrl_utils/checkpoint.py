@@ -73,8 +73,11 @@ def lock_run_dir(run_dir: Path) -> int:
             f"{run_dir} is being written by process {holder}: one process writes a run folder at a time; wait for "
             f"it to end{f', or stop it (kill {pid})' if pid else ''}, then resume"
         ) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()} ({' '.join([Path(sys.executable).name, *sys.argv])})\n".encode())
+    try:  # who holds it, for the message of the next one; the lock holds without it (a full disk)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} ({' '.join([Path(sys.executable).name, *sys.argv])})\n".encode())
+    except OSError:
+        pass
     return fd
 
 

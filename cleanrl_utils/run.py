@@ -403,9 +403,10 @@ class Run:
             "checkpoint than the end of training's is written (signal again to exit at once, without the final "
             "evaluation)"
         )
-        if args.checkpoint_every and not self.save(global_step, self.final_obs):  # what an extension continues from
-            self.envs.close()
-            return self.exit_message
+        if args.checkpoint_every:  # the end of training: what an extension (--total-timesteps) continues from
+            if not self.save(global_step, self.final_obs):
+                self.envs.close()
+                return self.exit_message
         elif self.losses:
             record.train_metrics(self.losses, line=False)
         record.print(f"training done at step {global_step}; final evaluation of {args.eval_episodes} games")
