@@ -44,7 +44,7 @@ def popen(*args: str) -> subprocess.Popen:
     )
 
 
-def toy_run(tmp_path: Path, *flags: str) -> Path:
+def finished_run(tmp_path: Path, *flags: str) -> Path:
     done = run_python("algos/dqn.py", *TOY, *flags, "--run-dir", str(tmp_path / "runs"), timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     [run_dir] = (tmp_path / "runs").iterdir()
@@ -152,7 +152,7 @@ def test_a_failed_resume_leaves_the_record_and_a_finished_runs_protection(tmp_pa
     """a finished run, its final checkpoint's newest segment damaged: the extension is refused with one line that
     names the file and offers the older checkpoint; receipt.json is untouched, so the older checkpoint is then
     refused as a finished run's"""
-    run_dir = toy_run(tmp_path)
+    run_dir = finished_run(tmp_path)
     final, older = list_checkpoints(run_dir)[:2]
     segment = own_segment(final)
     intact = segment.read_bytes()
@@ -203,7 +203,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_previous_checkpoi
 def test_a_resume_from_an_older_checkpoint_retires_the_newer_ones(tmp_path):
     """resumed from step 200 of a run that went on to 600, then stopped at once: --resume RUN continues the new
     timeline, not the abandoned one, which is set aside whole"""
-    run_dir = toy_run(tmp_path)
+    run_dir = finished_run(tmp_path)
     mark_interrupted(run_dir)
     older = run_dir / "checkpoints" / "step_000000000200"
     process = popen("algos/dqn.py", "--resume", str(older))
