@@ -13,14 +13,22 @@ the rings' counters: about 11 bytes a transition) goes whole into ``state.pt`` w
 rebuild its frames. A segment is complete before the checkpoint that lists it is renamed into place, and a
 segment is deleted only when no kept checkpoint lists it: a kill at any moment leaves the newest complete
 checkpoint whole, and the disk holds about one replay memory plus the intervals between the kept checkpoints.
+Each segment's entry records its frame count, size and sha256, checked with zstandard's frame checksum on restore.
+A write that fails (a full disk) removes what it had written and raises ``CheckpointError``. One process writes a
+run folder at a time (``lock_run_dir``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import hashlib
+import io
 import json
 import os
 import shutil
+import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +47,41 @@ MANIFEST = "replay_segments.json"  # in each checkpoint folder: the segments it 
 # CleanRL's flags that the scripts answered but did not use, stored (at their defaults) by checkpoints written
 # before issue 59 took them out of RunFlags; a resume leaves them out
 RETIRED_ARGS = ("cuda", "upload_model", "hf_entity")
+LOCK = "writer.lock"  # in each run folder: held (flock) by the one process that writes it
+RETIRED = "retired-"  # checkpoints/retired-<unix time>/: the checkpoints a resume from an older one set aside
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the message says why and what to do."""
+    """A checkpoint that cannot be used, or written; the message says why and what to do. ``segment``: the name of
+    the replay segment at fault, if one is."""
+
+    def __init__(self, message: str, segment: str | None = None) -> None:
+        super().__init__(message)
+        self.segment = segment
+
+
+def lock_run_dir(run_dir: Path) -> int:
+    """Make this process the one writer of ``run_dir``: an exclusive ``flock`` on its lock file, which the kernel
+    releases when the process ends, however it ends (a dead process's file does not block). Returns the file
+    descriptor, to keep open for the process's life; raises CheckpointError, naming the holder, if another
+    process holds it."""
+    fd = os.open(Path(run_dir) / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        pid = holder.split()[0] if holder[:1].isdigit() else None
+        raise CheckpointError(
+            f"{run_dir} is being written by process {holder}: one process writes a run folder at a time; wait for "
+            f"it to end{f', or stop it (kill {pid})' if pid else ''}, then resume"
+        ) from None
+    try:  # who holds it, for the message of the next one; the lock holds without it (a full disk)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} ({' '.join([Path(sys.executable).name, *sys.argv])})\n".encode())
+    except OSError:
+        pass
+    return fd
 
 
 # ---------------------------------------------------------------- the store
@@ -60,49 +99,99 @@ def save_checkpoint(
     its frames written since ``segments`` (the segment list of the checkpoint this process last wrote or resumed
     from) appended as new segments, the rest of it whole. Then delete all but the newest ``keep`` checkpoints and
     the segments none of them lists. Returns the checkpoint's path and its segment list; (None, None), writing
-    nothing, when a floating-point tensor in ``state`` is not finite (such weights are no good to resume from)."""
+    nothing, when a floating-point tensor in ``state`` is not finite (such weights are no good to resume from).
+    A write that fails (``OSError``: a full disk) removes what it had written and raises CheckpointError; the
+    checkpoints before it stay whole. The caller is the folder's one writer (``lock_run_dir``)."""
     if not _finite(state):
         return None, None
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"{PREFIX}{step:012d}"
     tmp = final.with_name(final.name + ".tmp")
-    for stale in folder.glob(f"{PREFIX}*.tmp"):  # left by a kill during an earlier write
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp.mkdir()
-    listed = None if replay is None else _write_frames(folder / FRAMES, replay, segments or [])
-    stored = {
-        **state,
-        "format": FORMAT_VERSION,
-        "step": step,
-        "replay": None if replay is None else {"small": replay.state_dict(frames=False), "segments": listed},
-    }
-    with open(tmp / "state.pt", "wb") as f:
-        torch.save(_encode(stored), f)
-        f.flush()
-        os.fsync(f.fileno())
-    with open(tmp / MANIFEST, "w") as f:
-        json.dump([s["file"] for s in listed or []], f)
-        f.flush()
-        os.fsync(f.fileno())
-    _fsync_dir(tmp)
+    try:
+        if not folder.is_dir():
+            folder.mkdir(parents=True)
+            _fsync_dir(folder.parent)
+        _tidy(folder)  # a killed or failed write's leftovers: room for this one
+        tmp.mkdir()
+        listed = None if replay is None else _write_frames(folder / FRAMES, replay, segments or [])
+        stored = {
+            **state,
+            "format": FORMAT_VERSION,
+            "step": step,
+            "replay": None if replay is None else {"small": replay.state_dict(frames=False), "segments": listed},
+        }
+        packed = io.BytesIO()  # serialized first: a failed write is then a plain OSError, not one inside torch's
+        torch.save(_encode(stored), packed)
+        _write_file(tmp / "state.pt", packed.getbuffer())
+        _write_file(tmp / MANIFEST, json.dumps([s["file"] for s in listed or []]).encode())
+        _fsync_dir(tmp)
+    except OSError as error:
+        _tidy(folder)  # the .tmp folder and the segments no complete checkpoint lists: this write's
+        raise CheckpointError(
+            f"the checkpoint of step {step} could not be written ({error}); what it had written is removed"
+        ) from error
     if final.exists():  # the same step written twice (a signal right after a periodic checkpoint)
-        shutil.rmtree(final)
+        _remove(final)
     os.replace(tmp, final)
     _fsync_dir(folder)
     for old in _complete(folder)[keep:]:
-        shutil.rmtree(old, ignore_errors=True)
-    if (folder / FRAMES).is_dir():  # the segments no kept checkpoint lists (also a killed write's)
-        kept = {name for path in _complete(folder) for name in _listed(path)}
+        _remove(old)
+    _tidy(folder)
+    return final, listed
+
+
+def _write_file(path: Path, data: bytes | memoryview) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _remove(checkpoint: Path) -> None:
+    """Delete a checkpoint folder: renamed to ``.tmp`` first, so that a kill midway leaves no complete-looking
+    folder with part of its files."""
+    doomed = checkpoint.with_name(checkpoint.name + ".old.tmp")
+    os.replace(checkpoint, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _tidy(folder: Path) -> None:
+    """Remove what no complete checkpoint needs: ``.tmp`` folders (a write or a deletion killed midway) and the
+    segments none lists; all segments are kept while a checkpoint's list cannot be read."""
+    for stale in folder.glob(f"{PREFIX}*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
+    if (folder / FRAMES).is_dir():
+        lists = [_listed(path) for path in _complete(folder)]
+        if any(names is None for names in lists):
+            return
+        kept = {name for names in lists for name in names}
         for segment in (folder / FRAMES).iterdir():
             if segment.name not in kept:
                 segment.unlink(missing_ok=True)
-    return final, listed
+
+
+class _Hashed:
+    """A file written or read through this: the bytes that pass are counted and hashed (sha256)."""
+
+    def __init__(self, file: Any) -> None:
+        self.file, self.bytes, self.sha256 = file, 0, hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.bytes += len(data)
+        self.sha256.update(data)
+        return self.file.write(data)
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.file.read(size)
+        self.bytes += len(data)
+        self.sha256.update(data)
+        return data
 
 
 def _write_frames(frames_dir: Path, replay: Any, segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Append the frames each ring wrote since ``segments`` and return the segments that rebuild every ring's
-    frames now (each ring's written indices ``[written - capacity, written)``)."""
+    frames now (each ring's written indices ``[written - capacity, written)``), each with its frame count, size
+    and sha256."""
     frames_dir.mkdir(exist_ok=True)
     token = uuid.uuid4().hex[:8]  # a resume from an older checkpoint writes other frames for the same indices
     listed = []
@@ -114,41 +203,77 @@ def _write_frames(frames_dir: Path, replay: Any, segments: list[dict[str, Any]])
         if start < written:
             name = f"env{env}_{start:012d}_{written:012d}_{token}.zst"
             with open(frames_dir / name, "wb") as f:
-                with zstandard.ZstdCompressor(level=1).stream_writer(f, closefd=False) as packed:
+                hashed = _Hashed(f)
+                with zstandard.ZstdCompressor(level=1, write_checksum=True).stream_writer(hashed, closefd=False) as z:
                     for first in range(start, written, SEGMENT_CHUNK):  # a chunk at a time: no copy of the whole
-                        packed.write(
+                        z.write(
                             np.ascontiguousarray(replay.frames_written(env, first, min(first + SEGMENT_CHUNK, written)))
                         )
                 f.flush()
                 os.fsync(f.fileno())
-            mine.append({"env": env, "start": start, "stop": written, "file": name})
+            mine.append(
+                {
+                    "env": env,
+                    "start": start,
+                    "stop": written,
+                    "file": name,
+                    "frames": written - start,
+                    "bytes": hashed.bytes,
+                    "sha256": hashed.sha256.hexdigest(),
+                }
+            )
         listed += mine
     _fsync_dir(frames_dir)
     return listed
 
 
 def read_segment(path: Path, segment: dict[str, Any], replay: Any) -> None:
-    """Put a segment's frames back into ``replay``, a chunk at a time (its raw uint8 frames, zstandard-packed)."""
+    """Put a segment's frames back into ``replay``, a chunk at a time (its raw uint8 frames, zstandard-packed),
+    checked as they come: zstandard's frame checksum, the frame count and, where its entry records them (all
+    but checkpoints written before issue 57), the file's size and sha256. A segment that fails a check raises
+    CheckpointError naming the file."""
     frame_shape = tuple(replay.frame_shape)
     frame_bytes = int(np.prod(frame_shape))
-    with open(path, "rb") as f, zstandard.ZstdDecompressor().stream_reader(f) as unpacked:
-        for first in range(segment["start"], segment["stop"], SEGMENT_CHUNK):
-            count = min(SEGMENT_CHUNK, segment["stop"] - first)
-            data = unpacked.read(count * frame_bytes)
-            while len(data) < count * frame_bytes:  # a stream may return less than asked
-                more = unpacked.read(count * frame_bytes - len(data))
-                if not more:
-                    raise CheckpointError(f"{path}: the segment ends early (a truncated file?)")
-                data += more
-            frames = np.frombuffer(data, dtype=np.uint8).reshape(count, *frame_shape)
-            replay.load_frames_written(segment["env"], first, frames)
+    count = segment["stop"] - segment["start"]
+
+    def refused(why: str) -> CheckpointError:
+        return CheckpointError(f"the replay segment {path} {why}: a corrupted or truncated file", segment["file"])
+
+    if segment.get("frames", count) != count:
+        raise refused(f"is listed with {segment['frames']} frames for indices holding {count}")
+    with open(path, "rb") as f:
+        hashed = _Hashed(f)
+        try:
+            with zstandard.ZstdDecompressor().stream_reader(hashed, closefd=False) as unpacked:
+                for first in range(segment["start"], segment["stop"], SEGMENT_CHUNK):
+                    size = min(SEGMENT_CHUNK, segment["stop"] - first) * frame_bytes
+                    data = unpacked.read(size)
+                    while len(data) < size:  # a stream may return less than asked
+                        more = unpacked.read(size - len(data))
+                        if not more:
+                            raise refused(
+                                f"ends early, at frame {(first - segment['start']) + len(data) // frame_bytes} of {count}"
+                            )
+                        data += more
+                    frames = np.frombuffer(data, dtype=np.uint8).reshape(-1, *frame_shape)
+                    replay.load_frames_written(segment["env"], first, frames)
+                if unpacked.read(1):  # also reads the frame's end, where zstandard checks its checksum
+                    raise refused(f"holds more than its {count} frames")
+        except zstandard.ZstdError as error:
+            raise refused(f"cannot be unpacked ({error})") from None
+        while hashed.read(1 << 20):  # the whole file, for its size and hash
+            pass
+    if "sha256" in segment and (hashed.bytes, hashed.sha256.hexdigest()) != (segment["bytes"], segment["sha256"]):
+        raise refused(f"is not the file written ({hashed.bytes:,} bytes, not {segment['bytes']:,}, or another sha256)")
 
 
-def _listed(checkpoint: Path) -> list[str]:
+def _listed(checkpoint: Path) -> list[str] | None:
+    """The segments a checkpoint needs; None if its list cannot be read (then no segment is known to be free:
+    a checkpoint of format 2 has no list, and needs none, until it is deleted in turn)."""
     try:
         return json.loads((checkpoint / MANIFEST).read_text())
     except (OSError, ValueError):
-        return []
+        return None
 
 
 @dataclass
@@ -239,6 +364,14 @@ def load_checkpoint(path: Path, script: str) -> Checkpoint:
             raise CheckpointError(
                 f"{path}: the replay memory's files {', '.join(missing[:3])} are missing (an incomplete copy?)"
             )
+        for segment in state["replay"].get("segments", []):  # their contents are checked as they are restored
+            size = (path.parent / FRAMES / segment["file"]).stat().st_size
+            if segment.get("bytes", size) != size:
+                raise CheckpointError(
+                    f"the replay segment {path.parent / FRAMES / segment['file']} has {size:,} bytes, not the "
+                    f"{segment['bytes']:,} written: a truncated or corrupted file",
+                    segment["file"],
+                )
     return Checkpoint(path=path, state=state)
 
 
@@ -252,8 +385,12 @@ def find_checkpoint(resume: str, script: str) -> Checkpoint:
             f"--resume {resume}: no such run folder or checkpoint; give a folder under runs/ that has checkpoints/"
         )
     if (path / "state.pt").exists() or path.name.startswith(PREFIX):
+        if path.parent.name != "checkpoints":  # the run folder is the checkpoints/ folder's parent
+            raise CheckpointError(
+                f"--resume {resume}: not in a run folder's checkpoints/ (one set aside in checkpoints/{RETIRED}*/ "
+                "resumes once moved back: docs/checkpoints.md)"
+            )
         candidates = [path]
-        older = [p for p in list_checkpoints(path.parent.parent) if p.name < path.name]
     else:
         if not (path / "receipt.json").is_file() and not (path / "checkpoints").is_dir():
             path = _one_run_under(path, resume, algo)  # a --run-dir folder: its one run
@@ -263,14 +400,47 @@ def find_checkpoint(resume: str, script: str) -> Checkpoint:
                 f"--resume {resume}: no complete checkpoint in {path / 'checkpoints'} (the run wrote none: "
                 "it stopped before its first --checkpoint-every, or ran with --checkpoint-every 0)"
             )
-        older = candidates[1:]
     try:
         return load_checkpoint(candidates[0], script)
     except CheckpointError as error:
-        offer = f"; the next older checkpoint is {older[0]}: resume with --resume {older[0]}" if older else ""
-        raise CheckpointError(
-            f"--resume: refusing checkpoint {candidates[0]}: {error}{offer or '; no older checkpoint exists'}"
-        ) from None
+        raise refusal(candidates[0], error) from None
+
+
+def refusal(checkpoint: Path, error: CheckpointError) -> CheckpointError:
+    """``error`` about ``checkpoint`` as ``--resume`` says it: the checkpoint refused, and the next older one
+    offered that does not need the segment at fault."""
+    older = [p for p in list_checkpoints(checkpoint.parent.parent) if p.name < checkpoint.name]
+    if error.segment is not None:
+        older = [p for p in older if error.segment not in (_listed(p) or [])]
+    if older:
+        offer = f"the next older checkpoint is {older[0]}: resume with --resume {older[0]}"
+    else:
+        offer = "no older checkpoint exists" + (" without that segment" if error.segment else "")
+    return CheckpointError(f"--resume: refusing checkpoint {checkpoint}: {error}; {offer}", error.segment)
+
+
+def retire_newer(checkpoint: Checkpoint) -> Path | None:
+    """Set aside the checkpoints newer than ``checkpoint``, whose timeline a resume from it abandons (else
+    ``--resume RUN``, which takes the newest, would go back to it): moved into ``checkpoints/retired-<unix
+    time>/`` with links to the segments they need, so that folder holds them whole. Returns it; None if none is
+    newer."""
+    folder = checkpoint.path.parent
+    newer = [p for p in _complete(folder) if p.name > checkpoint.path.name]
+    if not newer:
+        return None
+    retired = folder / f"{RETIRED}{int(time.time())}"
+    (retired / FRAMES).mkdir(parents=True)
+    for name in {name for p in newer for name in _listed(p) or []}:
+        if (folder / FRAMES / name).is_file():
+            try:
+                os.link(folder / FRAMES / name, retired / FRAMES / name)
+            except OSError:  # a file system without hard links
+                shutil.copy2(folder / FRAMES / name, retired / FRAMES / name)
+    for path in newer:
+        os.replace(path, retired / path.name)
+    _fsync_dir(retired)
+    _fsync_dir(folder)
+    return retired
 
 
 def resume_args(args: Any, checkpoint: Checkpoint, argv: list[str]) -> tuple[Any, dict[str, int] | None]:

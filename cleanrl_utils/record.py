@@ -216,11 +216,15 @@ class Record:
         self.print(f"checkpoint written: {path}")
         self.flush()
 
+    @property
+    def resume_command(self) -> str:
+        return f"python {os.path.relpath(self.script)} --resume {self.dir}"
+
     def what_is_kept(self) -> str:
         """The run's last good checkpoint and how to resume from it, for a message."""
         if self.last_checkpoint is None:
             return "no checkpoint was written before it"
-        return f"the last good checkpoint is {self.last_checkpoint} (resume with --resume {self.dir})"
+        return f"the last good checkpoint is {self.last_checkpoint}; resume with: {self.resume_command}"
 
     def _start_wandb(self) -> None:
         import wandb  # checks.validate_args has made sure it is installed

@@ -15,7 +15,6 @@ the algorithm and the loop; the run never decides the loop: ``step`` says when t
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import sys
@@ -35,8 +34,11 @@ from cleanrl_utils.checkpoint import (
     CheckpointError,
     find_checkpoint,
     load_parts,
+    lock_run_dir,
     parts_state,
+    refusal,
     resume_args,
+    retire_newer,
     save_checkpoint,
 )
 from cleanrl_utils.checks import CpuThreads, check_memory, fail, pick_buffer_device, pick_device, validate_args
@@ -161,10 +163,12 @@ class Run:
         """Start: take ``--resume``'s checkpoint and the run's own settings (into ``args``, in place), check the
         flags (the shared ones, then ``check_args(args)``, the script's own, which returns a message or None), the
         game, the device and the replay memory's size, before anything large exists; set threads and seeds; catch
-        SIGINT/SIGTERM. A bad input ends the process here with its message (exit status 2), no run folder made."""
+        SIGINT/SIGTERM. A bad input ends the process here with its message (exit status 2), no run folder made; so
+        does a run folder that another process is writing (one writer per run folder: ``lock_run_dir``)."""
         self.setup_start = time.perf_counter()
         self.args, self.script = args, script
         self.checkpoint, self.extension = None, None
+        self.lock: int | None = None  # the run folder's lock, held until the process ends
         if args.resume:
             try:  # the run's newest checkpoint and its own settings; a bad checkpoint stops here
                 self.checkpoint = find_checkpoint(args.resume, script)
@@ -191,6 +195,11 @@ class Run:
             check_memory(args.buffer_size, bytes_per_transition(), self.buffer_device)
         elif args.buffer_device != "host":
             fail(f"--buffer-device is for replay memory; {Path(script).name} has none: leave it out")
+        if self.checkpoint is not None:  # the inputs are good: this process becomes the run folder's writer
+            try:
+                self.lock = lock_run_dir(self.checkpoint.run_dir)
+            except CheckpointError as error:
+                fail(str(error))
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
@@ -221,7 +230,10 @@ class Run:
         """Declare what the run owns: the games, the replay memory, the network that plays (evaluated, saved) and
         the named ``parts`` (networks, optimizers, NumPy generators, anything with ``state_dict``). Every network's
         ``encoder`` is checked (the fixed Nature CNN or a declared variant). The run folder appears now. Returns
-        the first observation and step: a fresh start's, or where ``--resume``'s checkpoint left off."""
+        the first observation and step: a fresh start's, or where ``--resume``'s checkpoint left off. A resume
+        reads the replay memory back first: a segment that fails its checks stops the process there, with the
+        next older checkpoint offered, before the run folder is written to; then the checkpoints newer than the
+        one resumed from are set aside (``retire_newer``)."""
         for name, part in parts.items():
             if isinstance(part, torch.nn.Module) and hasattr(part, "encoder"):
                 try:
@@ -230,7 +242,15 @@ class Run:
                     fail(f"{name}: {error}")
         self.envs, self.replay, self.policy, self.parts = envs, replay, policy, parts
         args, checkpoint = self.args, self.checkpoint
+        restored = None
+        if checkpoint is not None and replay is not None:
+            try:  # False with --no-checkpoint-buffer
+                restored = checkpoint.restore_replay(replay)
+            except CheckpointError as error:
+                fail(str(refusal(checkpoint.path, error)))
         self.record = Record(args, self.script, self.device, checkpoint)
+        if self.lock is None:  # a new run folder, made just now
+            self.lock = lock_run_dir(self.record.dir)
         # gradient updates are counted as optimizer steps, also of optimizers an algorithm object holds (in lists too)
         held = [
             vars(p).values() for p in parts.values() if hasattr(p, "__dict__") and not isinstance(p, torch.nn.Module)
@@ -247,7 +267,6 @@ class Run:
             load_parts(parts, state)
             set_random_state(state["random"])  # Python's, NumPy's and torch's generators
             global_step = state["global_step"]
-            restored = replay is not None and checkpoint.restore_replay(replay)  # not with --no-checkpoint-buffer
             self.segments = checkpoint.segments if restored else None  # the frames' segments this run continues
             if state["games"] is not None:  # games that can be saved (the tests' toy games) continue
                 envs.load_state_dict(state["games"])
@@ -259,7 +278,13 @@ class Run:
                     replay.cut_episodes()  # the stored games end there: their last transitions bootstrap
             if replay is not None and not restored:  # an empty replay memory refills before learning again
                 self.learning_starts = global_step + args.learning_starts
-            restored = restored if replay is not None else None
+            retired = retire_newer(checkpoint)
+            if retired is not None:
+                self.record.print(
+                    f"resuming from step {checkpoint.step:,}, older than the run's newest checkpoint: the newer ones "
+                    f"({', '.join(sorted(p.name for p in retired.glob('step_*')))}) are moved to {retired}, so that "
+                    f"--resume {self.record.dir} continues from here (delete that folder to free its space)"
+                )
             self.record.resumed(checkpoint, restored, state["games"] is not None, self.learning_starts, self.extension)
             if restored is False and self.learning_starts >= args.total_timesteps:
                 self.record.print(
@@ -346,10 +371,10 @@ class Run:
             self.evaluate(global_step)
             record.write_receipt()
         if (crossed(args.checkpoint_every) and global_step < args.total_timesteps) or self.stop.requested:
-            self.save(global_step, obs)
+            if not self.save(global_step, obs):
+                return True
             if self.stop.requested:
                 record.close(status="interrupted")
-                where = f"{os.path.relpath(self.script)} --resume {record.dir}"
                 if self.replay is None:  # PQN: no replay memory to speak of
                     kept = "the checkpoint is kept"
                 elif args.checkpoint_buffer:
@@ -360,15 +385,17 @@ class Run:
                         "it for --learning-starts steps before learning; the default, --checkpoint-buffer, keeps it"
                     )
                 record.print(
-                    f"stopped at step {global_step} by {self.stop.requested}; {kept}; resume with: python {where}"
+                    f"stopped at step {global_step} by {self.stop.requested}; {kept}; resume with: {record.resume_command}"
                 )
                 self.stopped = self.stop.requested
                 return True
         return False
 
-    def save(self, global_step: int, obs: np.ndarray) -> None:
+    def save(self, global_step: int, obs: np.ndarray) -> bool:
         """A checkpoint of everything declared, and the replay memory's new frames unless --no-checkpoint-buffer.
-        The losses/* points not yet read are written first: a resume continues the curves after this step."""
+        The losses/* points not yet read are written first: a resume continues the curves after this step. False:
+        the write failed (a full disk): the run is closed as failed, what it had written removed, the previous
+        checkpoints kept, and the loop must stop (``exit_message`` says it in one line)."""
         args, record = self.args, self.record
         if self.losses:
             record.train_metrics(self.losses, line=False)
@@ -384,9 +411,19 @@ class Run:
             }
             replay = self.replay if args.checkpoint_buffer else None
             folder, keep = record.dir / "checkpoints", args.checkpoint_keep
-            path, segments = save_checkpoint(folder, global_step, state, replay, keep, self.segments)
+            try:
+                path, segments = save_checkpoint(folder, global_step, state, replay, keep, self.segments)
+            except CheckpointError as error:
+                self.stopped = "checkpoint failed"
+                self.exit_message = f"error: {error}; stopping: {record.what_is_kept()}"
+                try:
+                    record.close(status=f"failed: {error}")
+                except OSError as also:  # the disk that refused the checkpoint may refuse the receipt too
+                    self.exit_message += f" (receipt.json could not be updated either: {also})"
+                return False
         self.segments = segments if path is not None else self.segments
         record.checkpoint_written(path, global_step)
+        return True
 
     def evaluate(self, global_step: int, final: bool = False) -> None:
         """One evaluation of the policy network (--eval-episodes whole games, --eval-epsilon), under the games'
@@ -429,7 +466,9 @@ class Run:
             "evaluation)"
         )
         if args.checkpoint_every:  # the end of training: what an extension (--total-timesteps) continues from
-            self.save(global_step, self.final_obs)
+            if not self.save(global_step, self.final_obs):
+                self.envs.close()
+                return self.exit_message
         elif self.losses:
             record.train_metrics(self.losses, line=False)
         record.print(f"training done at step {global_step}; final evaluation of {args.eval_episodes} games")

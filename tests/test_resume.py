@@ -6,6 +6,7 @@ Real replay memories, real files, real runs of the scripts (subprocesses); no mo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import zstandard
 from conftest import REPO, run_python
 
@@ -87,6 +89,10 @@ def test_a_planted_bug_in_the_segments_is_caught(tmp_path):
     [first, *_] = sorted((tmp_path / FRAMES).glob("*.zst"))
     shifted = np.roll(frames_of(first), 1, axis=0)  # the frames one slot off
     first.write_bytes(zstandard.ZstdCompressor().compress(shifted.tobytes()))
+    state = torch.load(path / "state.pt", weights_only=True)  # as a writer with that bug records them
+    [entry] = [s for s in state["replay"]["segments"] if s["file"] == first.name]
+    entry.update(bytes=first.stat().st_size, sha256=hashlib.sha256(first.read_bytes()).hexdigest())
+    torch.save(state, path / "state.pt")
     restored = ReplayBuffer(400, 2, observation_shape=SHAPE)
     load_checkpoint(path, "dqn").restore_replay(restored)
     assert not same_memory(buffer, restored)
