@@ -186,7 +186,14 @@ if __name__ == "__main__":
         q_network = check_algorithm(algorithm, QNetwork, envs, blank, device, args.parameter_budget)
     except TemplateRuleError as error:  # before the run folder exists: nothing to close
         sys.exit(f"error: {error}")
-    rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed, storage_device=run.buffer_device)
+    rb = ReplayBuffer(
+        args.buffer_size,
+        args.num_envs,
+        device=device,
+        seed=args.seed,
+        storage_device=run.buffer_device,
+        compress=args.compress_replay,
+    )
     # what the run owns, declared once: a checkpoint saves it and --resume puts it back
     obs, global_step = run.own(envs, rb, policy=q_network, algorithm=algorithm)  # its networks, optimizers, ...
 

@@ -232,7 +232,12 @@ if __name__ == "__main__":
     run.fast(q_network, target_network)  # --fast: channels-last convolutions on CPU
     optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=run.fused)
     buffer_kwargs = dict(
-        device=device, n_step=args.n_step, gamma=args.gamma, seed=args.seed, storage_device=run.buffer_device
+        device=device,
+        n_step=args.n_step,
+        gamma=args.gamma,
+        seed=args.seed,
+        storage_device=run.buffer_device,
+        compress=args.compress_replay,
     )
     rb = ReplayBuffer(args.buffer_size, args.num_envs, **buffer_kwargs)
     rng = np.random.default_rng(args.seed)

@@ -168,7 +168,14 @@ if __name__ == "__main__":
     target_network.load_state_dict(q_network.state_dict())
     run.fast(q_network, target_network)  # --fast: channels-last convolutions on CPU
     optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=run.fused)
-    rb = ReplayBuffer(args.buffer_size, args.num_envs, device=device, seed=args.seed, storage_device=run.buffer_device)
+    rb = ReplayBuffer(
+        args.buffer_size,
+        args.num_envs,
+        device=device,
+        seed=args.seed,
+        storage_device=run.buffer_device,
+        compress=args.compress_replay,
+    )
     rng = np.random.default_rng(args.seed)
     # what the run owns, declared once: a checkpoint saves it and --resume puts it back
     obs, global_step = run.own(

@@ -101,11 +101,14 @@ def main() -> None:
     parser.add_argument("--keep", type=int, default=3, help="--checkpoint-keep")
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary folder under /tmp)")
     parser.add_argument("--game", default=None, help="real frames of this game at random play (default: random bytes)")
+    parser.add_argument(
+        "--raw", action="store_true", help="the memory's frames raw (the scripts' --no-compress-replay)"
+    )
     parser.add_argument("--json", default=None)
     cli = parser.parse_args()
     rng = np.random.default_rng(0)
     root = Path(tempfile.mkdtemp(dir=cli.dir))
-    buffer = ReplayBuffer(cli.transitions, 1, seed=0)
+    buffer = ReplayBuffer(cli.transitions, 1, seed=0, compress=not cli.raw)
     game = GameFrames(cli.game) if cli.game else None
     store(buffer, cli.transitions, rng, game)  # a full memory
     state = {"algo": "dqn", "weights": torch.zeros(1_700_000)}  # about a network's size beside it
@@ -114,6 +117,7 @@ def main() -> None:
         "interval": cli.interval,
         "keep": cli.keep,
         "frames": cli.game or "random bytes",
+        "memory": "raw" if cli.raw else "compressed",
         "rounds": [],
     }
     segments = None
@@ -141,9 +145,7 @@ def main() -> None:
                 }
             )
             print(json.dumps(report["rounds"][-1]), flush=True)
-        memory_bytes = buffer.frames.nbytes + sum(
-            v.nbytes for v in buffer.state_dict(frames=False).values() if isinstance(v, np.ndarray)
-        )
+        memory_bytes = buffer.nbytes()
         segment = buffer.frames_written(0, int(buffer.written[0]) - cli.interval, int(buffer.written[0]))
         report["zstandard_on_a_segment"] = compression(np.ascontiguousarray(segment))
         print(json.dumps(report["zstandard_on_a_segment"]), flush=True)

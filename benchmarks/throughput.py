@@ -392,7 +392,8 @@ def memory_child(transitions: int, num_envs: int, storage_device: str | None) ->
     frames = rng.integers(0, 256, (64, 84, 84), dtype=np.uint8)  # a pool of Atari-sized frames
     base = process.memory_info().rss
     gpu_base = torch.cuda.memory_allocated() if storage_device == "cuda" else 0
-    rb = ReplayBuffer(transitions, num_envs, storage_device=storage_device, seed=0)
+    # noise frames do not compress: this measures the raw memory; benchmarks/replay_memory.py the compressed one
+    rb = ReplayBuffer(transitions, num_envs, storage_device=storage_device, seed=0, compress=False)
     after_init = process.memory_info().rss
     obs = np.stack([frames[rng.integers(0, 64, 4)] for _ in range(num_envs)])
     actions, rewards = np.zeros(num_envs, np.int64), np.zeros(num_envs, np.float32)
@@ -531,6 +532,12 @@ def parse_cli(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="--scripts: instead, this checkout's script (its defaults, --num-envs N) against another checkout's, "
         "e.g. a `git worktree` of the revision before a change",
+    )
+    parser.add_argument(
+        "--against",
+        default=None,
+        help="--scripts: instead, the script with its defaults (--num-envs N) against the same plus these flags, "
+        "e.g. --against=--no-compress-replay",
     )
     parser.add_argument("--rounds", type=int, default=4, help="rounds of each loop (alternating with --compare)")
     parser.add_argument("--fast-update", default="auto", help="auto, eager, or a comma list of " + ", ".join(FLAGS))
@@ -672,6 +679,8 @@ def run_scripts(cli: argparse.Namespace, report: dict[str, Any]) -> None:
     repos = {"plain": REPO, "fast": REPO}
     if cli.baseline:  # the same flags, two checkouts: "plain" is the baseline's script, "fast" this one's
         variants["plain"], repos["plain"] = list(variants["fast"]), cli.baseline.resolve()
+    if cli.against:  # one checkout, two sets of flags: "plain" adds --against's to the defaults of "fast"
+        variants["plain"] = [*variants["fast"], *cli.against.split()]
     if cli.buffer_device:
         variants["fast"] += ["--buffer-device", "host" if cli.buffer_device == "cpu" else cli.buffer_device]
     totals = {name: {"steps": 0, "seconds": 0.0} for name in variants}
@@ -696,12 +705,21 @@ def run_scripts(cli: argparse.Namespace, report: dict[str, Any]) -> None:
     per_round = [x["steps_per_s"]["fast"] / x["steps_per_s"]["plain"] for x in report["script_rounds"]]
     print(f"\nalgos/{cli.algo}.py end to end in the learning phase (charts/SPS), {cli.rounds} rounds:")
     labels = {"plain": f"baseline {cli.baseline}", "fast": "this checkout"} if cli.baseline else {}
+    labels = {"plain": "against", "fast": "defaults"} if cli.against else labels
     for name, figures in report["scripts"].items():
         print(f"  {labels.get(name, name):<6} {figures['flags']:<32} {figures['end_to_end_steps_per_s']:>7.1f} steps/s")
-    what = "this checkout / baseline" if cli.baseline else "fast / plain"
-    print(f"  {what}: {ratio:.2f}x (per round: {', '.join(f'{x:.2f}' for x in per_round)})")
+    what = (
+        "this checkout / baseline"
+        if cli.baseline
+        else f"defaults / with {cli.against}"
+        if cli.against
+        else "fast / plain"
+    )
+    print(f"  {what}: {ratio:.3f}x (per round: {', '.join(f'{x:.2f}' for x in per_round)})")
     if cli.baseline:
         report["baseline"] = str(cli.baseline.resolve())
+    if cli.against:
+        report["against"] = cli.against
 
 
 def random_batch(cli: argparse.Namespace, args: Any, device: torch.device) -> tuple[int, Any]:

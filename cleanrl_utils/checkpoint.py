@@ -443,13 +443,22 @@ def retire_newer(checkpoint: Checkpoint) -> Path | None:
     return retired
 
 
+# How a run is carried out, not what it learns: given beside --resume, they apply to the resumed process.
+CHANGEABLE_ON_RESUME = ("torch_threads", "compress_replay")
+
+
 def resume_args(args: Any, checkpoint: Checkpoint, argv: list[str]) -> tuple[Any, dict[str, int] | None]:
     """The run's own arguments, as the checkpoint holds them, and the extension asked for, if any. Flags given
     beside ``--resume`` (``argv``) that differ from them are ignored, with a word, but for ``--total-timesteps``
     above the run's: that extends the run (the exploration schedule keeps its end step: --exploration-fraction
-    is scaled). A finished run is resumed only so, from its final checkpoint; a setting the script does not
-    have refuses the checkpoint."""
+    is scaled), and those of ``CHANGEABLE_ON_RESUME`` (torch's threads, the replay memory's compression), which
+    apply. A finished run is resumed only so, from its final checkpoint; a setting the script does not have
+    refuses the checkpoint."""
     saved = {k: v for k, v in checkpoint.state["args"].items() if k not in RETIRED_ARGS}
+    named = {a.split("=")[0].replace("_", "-").replace("--no-", "--") for a in argv}
+    for name in CHANGEABLE_ON_RESUME:
+        if f"--{name.replace('_', '-')}" in named and name in vars(args):
+            saved[name] = getattr(args, name)
     unknown = sorted(set(saved) - set(vars(args)))
     if unknown:
         raise CheckpointError(

@@ -480,3 +480,17 @@ def play_episodes(
         return returns.tolist(), lengths.tolist(), histogram
     finally:
         envs.close()
+
+
+def random_play_frames(env_id: str, steps: int = 256, seed: int = 0) -> np.ndarray:
+    """The frames of ``steps`` agent steps of uniform random play in one game under the training protocol (the
+    first stack's newest frame, then each step's): what estimates that depend on a game's look are made from."""
+    envs = TrainEnvs(env_id, 1, seed=seed)
+    try:
+        rng = np.random.default_rng(seed)
+        frames = [envs.reset()[0, -1]]
+        for _ in range(steps):
+            frames.append(envs.step(rng.integers(0, envs.n_actions, 1)).next_obs[0, -1])
+    finally:
+        envs.close()
+    return np.stack(frames)

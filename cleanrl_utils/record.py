@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,7 @@ class Record:
         self.algo = Path(script).stem
         self.git = git_revision()  # the code this process runs, even if the checkout changes meanwhile
         self.device = device
+        self.replay_memory: Callable[[], dict[str, Any]] | None = None  # what the replay memory takes, for the receipt
         if checkpoint is None:
             self.name = (
                 f"{args.env_id.replace('/', '_').replace(':', '_')}__{args.exp_name}__{args.seed}__{int(self.start)}"
@@ -402,6 +404,7 @@ class Record:
             "timings_seconds": {k: round(v, 3) for k, v in self.timings.items()},
             "wall_seconds": round(self.wall_before + time.time() - self.start, 3),
             "peak_process_memory_bytes": peak_memory_bytes(),
+            "replay_memory": None if self.replay_memory is None else self.replay_memory(),
             "final_eval_return": next((e["mean"] for e in reversed(self.evaluations) if e["final"]), None),
             "last_checkpoint": None if self.last_checkpoint is None else str(self.last_checkpoint),
             "resumes": self.resumes,

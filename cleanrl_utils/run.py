@@ -29,7 +29,7 @@ import torch
 import tyro
 from tyro.constructors import ConstructorRegistry, StructConstructorSpec, StructFieldSpec, StructTypeInfo
 
-from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
+from cleanrl_utils.buffer import CompressedFrames, ReplayBuffer, bytes_per_transition
 from cleanrl_utils.checkpoint import (
     CheckpointError,
     find_checkpoint,
@@ -43,7 +43,7 @@ from cleanrl_utils.checkpoint import (
 )
 from cleanrl_utils.checks import CpuThreads, check_memory, fail, pick_buffer_device, pick_device, validate_args
 from cleanrl_utils.encoder import check_encoder
-from cleanrl_utils.envs import EnvIdError, StepResult, TrainEnvs, check_env_id
+from cleanrl_utils.envs import EnvIdError, StepResult, TrainEnvs, check_env_id, random_play_frames
 from cleanrl_utils.evaluation import evaluate
 from cleanrl_utils.random_state import random_state, set_random_state
 from cleanrl_utils.record import Record, nonfinite
@@ -73,7 +73,10 @@ class RunFlags:
     """a run folder (its newest checkpoint) or one checkpoint folder to continue, in the same run folder; with a
     larger --total-timesteps, a finished run is extended (the exploration schedule keeps its end step)"""
     buffer_device: Literal["host", "cuda"] = "host"
-    """where the replay frames live: host memory, or the training GPU (about 7.1 GB per 1M transitions)"""
+    """where the replay frames live: host memory, or the training GPU (raw: about 7.1 GB per 1M transitions)"""
+    compress_replay: bool = True
+    """hold the replay frames compressed in host memory, each on its own (0.2-1.2 KB a transition instead of 7.1 KB,
+    the same batches bit for bit); --no-compress-replay: raw frames. With --buffer-device cuda the frames are raw"""
 
 
 A = TypeVar("A", bound=RunFlags)
@@ -190,11 +193,23 @@ class Run:
         self.device = pick_device(args.device)
         print(f"device: {self.device}", flush=True)
         self.buffer_device = None
+        self.replay_estimate: int | None = None  # bytes a transition, as the check below estimates them
         if self.has_replay:
             self.buffer_device = pick_buffer_device(args.buffer_device, self.device)  # cuda: the frames on the GPU
-            check_memory(args.buffer_size, bytes_per_transition(), self.buffer_device)
+            self.replay_estimate = bytes_per_transition()
+            if args.compress_replay and self.buffer_device is None:  # what this game's frames compress to
+                self.replay_estimate = CompressedFrames.estimate(random_play_frames(args.env_id, seed=args.seed))
+                print(
+                    f"replay memory: about {self.replay_estimate:,} bytes a transition with the frames compressed, "
+                    f"{args.buffer_size * self.replay_estimate / 2**30:.2f} GiB for --buffer-size {args.buffer_size:,} "
+                    "(estimated from random play; the receipt reports what it takes)",
+                    flush=True,
+                )
+            check_memory(args.buffer_size, self.replay_estimate, self.buffer_device)
         elif args.buffer_device != "host":
             fail(f"--buffer-device is for replay memory; {Path(script).name} has none: leave it out")
+        elif not args.compress_replay:
+            fail(f"--no-compress-replay is for replay memory; {Path(script).name} has none: leave it out")
         if self.checkpoint is not None:  # the inputs are good: this process becomes the run folder's writer
             try:
                 self.lock = lock_run_dir(self.checkpoint.run_dir)
@@ -249,6 +264,11 @@ class Run:
             except CheckpointError as error:
                 fail(str(refusal(checkpoint.path, error)))
         self.record = Record(args, self.script, self.device, checkpoint)
+        if replay is not None:  # the receipt reports what the memory takes, beside the start-up's estimate
+            self.record.replay_memory = lambda: {
+                **replay.memory(),
+                "estimated_bytes_per_transition": self.replay_estimate,
+            }
         if self.lock is None:  # a new run folder, made just now
             self.lock = lock_run_dir(self.record.dir)
         # gradient updates are counted as optimizer steps, also of optimizers an algorithm object holds (in lists too)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
-from cleanrl_utils.buffer import ReplayBuffer, bytes_per_transition
+from cleanrl_utils.buffer import CompressedFrames, ReplayBuffer, blob_bytes, bytes_per_transition
 from cleanrl_utils.envs import TrainEnvs
 
 STACK, FRAME = 4, (5, 7)
@@ -90,10 +91,11 @@ def sampled_keys(buffer: ReplayBuffer, draws: int, batch: int = 64) -> list[tupl
     return keys
 
 
+@pytest.mark.parametrize("compress", [True, False], ids=["compressed", "raw"])
 @pytest.mark.parametrize("num_envs,buffer_size", [(1, 10_000), (3, 10_000), (4, 240), (5, 103)])
-def test_random_streams_are_sampled_byte_exact(num_envs, buffer_size):
+def test_random_streams_are_sampled_byte_exact(num_envs, buffer_size, compress):
     streams = RandomStreams(num_envs, seed=num_envs)
-    buffer = ReplayBuffer(buffer_size, num_envs, (STACK, *FRAME), seed=0)
+    buffer = ReplayBuffer(buffer_size, num_envs, (STACK, *FRAME), seed=0, compress=compress)
     rng = np.random.default_rng(1)
     truth: set[tuple] = set()
     for _ in range(6):
@@ -183,16 +185,38 @@ def test_observations_that_are_not_frame_stacks_are_refused():
 
 
 def test_bytes_per_transition_for_atari_frames():
-    buffer = ReplayBuffer(2_000, 2)
+    buffer = ReplayBuffer(2_000, 2, compress=False)
     arrays = [buffer.frames, buffer.actions, buffer.rewards, buffer.dones, buffer.ends, buffer.valid]
     per_slot = sum(a.nbytes for a in arrays) / (buffer.capacity * buffer.num_envs)
     assert per_slot == bytes_per_transition() <= 7_100
+    assert buffer.nbytes() == sum(a.nbytes for a in arrays)
 
 
-def test_real_ale_stream_is_sampled_byte_exact():
+def test_compressed_frames_count_the_memory_they_hold():
+    """``nbytes`` follows the blobs as they are written and replaced, counted apart: the allocator's rounding of
+    each bytes object, the shared blob of zeros and one reference per slot."""
+    frames = CompressedFrames(6, (84, 84))
+    rng = np.random.default_rng(0)
+    flat = np.zeros((3, 84, 84), np.uint8)
+    noisy = rng.integers(0, 256, (3, 84, 84), dtype=np.uint8)  # incompressible: each blob above 7,056 bytes
+    frames.put(np.array([0, 1, 2]), flat)
+    frames.put(np.array([1, 4, 5]), noisy)  # slot 1 replaced
+    blobs = [frames.blobs[i] for i in range(6)]
+    assert sum(len(b) > 7_056 for b in blobs) == 3 and blobs[3] is frames.zeros
+    expected = 0
+    for i in (0, 2, 1, 4, 5):
+        size = 33 + len(blobs[i])  # CPython's bytes header, 33 bytes, and the data
+        expected += (size + 15) // 16 * 16 + (8 if size > 512 else 0)
+    expected += blob_bytes(frames.zeros) + 8 * 6
+    assert frames.nbytes() == expected
+    np.testing.assert_array_equal(frames.get(np.array([[0, 1], [5, 3]])), [[flat[0], noisy[0]], [noisy[2], flat[0]]])
+
+
+@pytest.mark.parametrize("compress", [True, False], ids=["compressed", "raw"])
+def test_real_ale_stream_is_sampled_byte_exact(compress):
     """Through ale-py's vector environment: life losses, game overs and autoreset steps."""
     envs = TrainEnvs("BreakoutNoFrameskip-v4", 3, seed=5)
-    buffer = ReplayBuffer(1_800, 3, seed=0)  # wraps around during the stream
+    buffer = ReplayBuffer(1_800, 3, seed=0, compress=compress)  # wraps around during the stream
     rng = np.random.default_rng(0)
     truth = set()
     obs = envs.reset()
@@ -216,15 +240,19 @@ def test_real_ale_stream_is_sampled_byte_exact():
 # ---------------------------------------------------------------- state_dict: what a checkpoint holds
 
 
-def filled(num_envs: int = 3, buffer_size: int = 90, n_step: int = 1, seed: int = 5) -> ReplayBuffer:
-    buffer = ReplayBuffer(buffer_size, num_envs, (STACK, *FRAME), n_step=n_step, gamma=0.9, seed=seed)
+def filled(num_envs: int = 3, buffer_size: int = 90, n_step: int = 1, seed: int = 5, compress=True) -> ReplayBuffer:
+    buffer = ReplayBuffer(
+        buffer_size, num_envs, (STACK, *FRAME), n_step=n_step, gamma=0.9, seed=seed, compress=compress
+    )
     fill(buffer, RandomStreams(num_envs, seed), 70, np.random.default_rng(seed))
     return buffer
 
 
-def test_state_dict_round_trip_samples_the_same_batches_and_continues_alike():
-    buffer = filled(n_step=3)
-    copy = ReplayBuffer(90, 3, (STACK, *FRAME), n_step=3, gamma=0.9, seed=999)  # another sampling seed
+@pytest.mark.parametrize("saved, loaded", [(True, True), (False, True), (True, False)])
+def test_state_dict_round_trip_samples_the_same_batches_and_continues_alike(saved, loaded):
+    """Between memories compressed or raw alike: a checkpoint of one restores into the other."""
+    buffer = filled(n_step=3, compress=saved)
+    copy = ReplayBuffer(90, 3, (STACK, *FRAME), n_step=3, gamma=0.9, seed=999, compress=loaded)  # another seed
     copy.load_state_dict(buffer.state_dict())
     for _ in range(3):
         a, b = buffer.sample(32), copy.sample(32)
@@ -233,19 +261,20 @@ def test_state_dict_round_trip_samples_the_same_batches_and_continues_alike():
     streams_a, streams_b = RandomStreams(3, 11), RandomStreams(3, 11)  # both go on with the same stream
     fill(buffer, streams_a, 20, np.random.default_rng(1))
     fill(copy, streams_b, 20, np.random.default_rng(1))
+    state, state_copy = buffer.state_dict(), copy.state_dict()
     for name in ReplayBuffer.ARRAYS:
-        np.testing.assert_array_equal(getattr(buffer, name), getattr(copy, name), name)
+        np.testing.assert_array_equal(state[name], state_copy[name], name)
 
 
 def test_state_dict_declares_every_array_the_buffer_holds():
     """A new array attribute must be declared (ARRAYS) or it would silently miss checkpoints."""
     buffer = filled()
-    arrays = {name for name, value in vars(buffer).items() if isinstance(value, np.ndarray)}
+    arrays = {name for name, value in vars(buffer).items() if isinstance(value, (np.ndarray, CompressedFrames))}
     assert arrays == set(ReplayBuffer.ARRAYS)
     state = buffer.state_dict()
     assert set(state) == {*ReplayBuffer.SETTINGS, *ReplayBuffer.ARRAYS, "rng"}
     state["frames"][...] = 0  # a copy, not a view: saving never aliases the live memory
-    assert buffer.frames.any()
+    assert buffer.state_dict()["frames"].any()
 
 
 @pytest.mark.parametrize(
@@ -262,10 +291,52 @@ def test_state_dict_of_other_settings_is_refused_with_the_reason(other, words):
     target = ReplayBuffer(
         kwargs["buffer_size"], kwargs["num_envs"], (STACK, *FRAME), n_step=kwargs["n_step"], gamma=0.9
     )
-    before = target.frames.copy()
+    before = target.state_dict()
     with pytest.raises(ValueError, match=words):
         target.load_state_dict(state)
-    np.testing.assert_array_equal(target.frames, before)  # nothing half-loaded
+    after = target.state_dict()
+    for name in ReplayBuffer.ARRAYS:
+        np.testing.assert_array_equal(after[name], before[name], name)  # nothing half-loaded
     state.pop("open")
     with pytest.raises(ValueError, match="lacks \\['open'\\]"):
         ReplayBuffer(90, 3, (STACK, *FRAME), gamma=0.9).load_state_dict(state)
+
+
+@pytest.mark.parametrize("n_step, zero_stacks", [(1, False), (10, True)], ids=["dqn", "drq-n10-zero-stacks"])
+def test_compressed_memory_gives_the_raw_memorys_batches_bit_for_bit(n_step, zero_stacks):
+    """One real game's stream into a compressed and a raw memory, alike seeded: every batch equal bit for bit,
+    through life losses, game overs, autoreset steps, wrap-around, n-step returns and the zero-filled stacks
+    DrQ(eps) starts each life with; the frames a checkpoint reads (``frames_written``) equal too."""
+    envs = TrainEnvs("BreakoutNoFrameskip-v4", 2, seed=3, zero_stacks=zero_stacks)
+    compressed, raw = (ReplayBuffer(1_200, 2, n_step=n_step, seed=7, compress=c) for c in (True, False))
+    assert isinstance(compressed.frames, CompressedFrames) and isinstance(raw.frames, np.ndarray)
+    rng = np.random.default_rng(0)
+    obs = envs.reset()
+    seen = {"life losses": 0, "game overs": 0, "zero frames sampled": 0, "batches": 0}
+    for t in range(1_500):  # 750 agent steps a ring of 600 slots: it wraps around
+        actions = rng.integers(0, envs.n_actions, 2)
+        step = envs.step(actions)
+        for memory in (compressed, raw):
+            memory.add(obs, step.next_obs, actions, step.rewards, step.dones, step.ends, step.mask)
+        seen["life losses"] += int((step.dones & ~step.ends).sum())
+        seen["game overs"] += int(step.ends.sum())
+        obs = step.next_obs
+        # a cadence that settles (so batches are prepared ahead and taken) and breaks (so some are discarded)
+        for _ in range(0 if t < 100 else 2 if t % 20 == 0 else 1 if t % 20 == 10 or t % 97 == 0 else 0):
+            a, b = compressed.sample(32), raw.sample(32)
+            for field in a._fields:
+                x, y = getattr(a, field), getattr(b, field)
+                assert x.dtype == y.dtype and torch.equal(x, y), field
+            seen["zero frames sampled"] += int((a.observations.flatten(2).amax(2) == 0).sum())
+            seen["batches"] += 1
+    envs.close()
+    assert seen["life losses"] > 0 and seen["game overs"] > 0 and seen["batches"] > 200, seen
+    taken, discarded = compressed.prepared_count["taken"], compressed.prepared_count["discarded"]
+    assert taken > 50 and discarded > 5, compressed.prepared_count
+    assert (seen["zero frames sampled"] > 0) == zero_stacks, seen
+    for env in range(2):
+        written = int(raw.written[env])
+        np.testing.assert_array_equal(
+            compressed.frames_written(env, written - raw.capacity, written),
+            raw.frames_written(env, written - raw.capacity, written),
+        )

@@ -137,7 +137,8 @@ def test_a_model_saved_before_issue_59_plays(old_run):
 def test_a_checkpoint_written_before_issue_59_resumes(old_run):
     [checkpoint] = (old_run / "checkpoints").glob("step_*")
     old_args = torch.load(checkpoint / "state.pt", weights_only=True)["args"]
-    assert list(old_args)[: len(RUN_FLAGS)] == [f.name for f in dataclasses.fields(RunFlags)]  # the old layout:
+    old_layout = [f.name for f in dataclasses.fields(RunFlags) if f.name != "compress_replay"]  # issue 58 added it
+    assert list(old_args)[: len(old_layout)] == old_layout  # the old layout:
     assert {"cuda", "upload_model", "hf_entity"} <= set(old_args)  # run flags first, the retired ones among them
     done = run_python("algos/dqn.py", "--resume", str(old_run), "--total-timesteps", "1100", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -149,4 +150,6 @@ def test_a_checkpoint_written_before_issue_59_resumes(old_run):
     assert all(not isinstance(v, (dict, list)) for v in args.values()), args
     kept = {k: v for k, v in old_args.items() if k not in ("cuda", "upload_model", "hf_entity")}
     fraction = old_args["exploration_fraction"] * 1000 / 1100  # epsilon's end step kept
-    assert args == {**kept, "resume": str(old_run), "total_timesteps": 1100, "exploration_fraction": fraction}
+    added = {"compress_replay": True}  # a flag added since (issue 58), at its default
+    assert args == {**kept, **added, "resume": str(old_run), "total_timesteps": 1100, "exploration_fraction": fraction}
+    assert receipt["replay_memory"]["frames"] == "host, compressed"  # the old run's raw frames, now compressed
