@@ -557,7 +557,7 @@ def play(network: nn.Module, schedule: Schedule, point: dict[str, Any], threads:
     torch.set_num_threads(threads)
     envs = TrainEnvs(schedule.env_id, 1, seed=0)
     n_actions, protocol = envs.n_actions, envs.protocol
-    envs.envs.close()
+    envs.close()
     result = evaluate(
         network, schedule.env_id, n_actions, torch.device("cpu"), point["episodes"], schedule.eval_epsilon,
         seed=point["seed"], protocol=protocol,
@@ -731,7 +731,13 @@ def plot(args: PlotArgs) -> int:
             ax.plot(steps, means, color=color, alpha=0.35, linewidth=1, marker=".")
         common = sorted(set.intersection(*(set(c) for c in curves.values())))
         mean = [np.mean([c[s] for c in curves.values()]) for s in common]
-        ax.plot(common, mean, color=color, linewidth=2.5, label=f"{label}: mean of {len(curves)} seeds")
+        ax.plot(
+            common,
+            mean,
+            color=color,
+            linewidth=2.5,
+            label=f"{label}: mean of {len(curves)} seed{'s' if len(curves) > 1 else ''}",
+        )
     game = game_name(env_id) if env_id else None
     if game in REFERENCE_SCORES:
         ax.axhline(REFERENCE_SCORES[game][0], color="gray", linestyle=":", label="random agent")
