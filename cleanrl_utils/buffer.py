@@ -21,8 +21,10 @@ either way. Host-to-GPU copies go through pinned memory without blocking the hos
 from __future__ import annotations
 
 import copy
+import os
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -113,6 +115,36 @@ class CompressedFrames:
         return int(largest * cls.ESTIMATE_MARGIN) + cls.POINTER_BYTES + METADATA_BYTES
 
 
+class FramesInFlight:
+    """Compressed frames being decompressed by a background thread, which the thread that needs them helps finish:
+    ``result`` decompresses the ones not yet taken (and again any the background thread took but has not finished),
+    so it never waits on that thread, which may be slow to get a core."""
+
+    def __init__(self, frames: CompressedFrames, index: np.ndarray) -> None:
+        self.blobs = list(frames.blobs[index.ravel()])  # taken now: bytes objects, which nothing changes
+        self.shape = (*index.shape, *frames.frame_shape)
+        self.parts: list[bytes | None] = [None] * len(self.blobs)
+        self.todo = iter(range(len(self.blobs)))  # shared by both threads: next() is atomic under the GIL
+
+    def work(self, decompressor: zstandard.ZstdDecompressor) -> None:
+        for k in self.todo:
+            self.parts[k] = decompressor.decompress(self.blobs[k])
+
+    def result(self, decompressor: zstandard.ZstdDecompressor) -> np.ndarray:
+        self.work(decompressor)
+        for k, part in enumerate(self.parts):
+            if part is None:  # taken by the background thread, not finished: the same bytes, here
+                self.parts[k] = decompressor.decompress(self.blobs[k])
+        return np.frombuffer(b"".join(self.parts), dtype=np.uint8).reshape(self.shape)
+
+
+def lower_this_threads_priority() -> None:
+    """Linux: this thread runs at the lowest priority (nice 19), on the cores the loop leaves idle; elsewhere,
+    where nice is per process, nothing."""
+    if sys.platform == "linux":
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
+
 class PreparedBatch(NamedTuple):
     """A batch drawn ahead of ``sample`` with a copy of the sampling generator, its frames being decompressed in
     the background: ``sample`` takes it, and the generator's state after its draws, if nothing was stored since."""
@@ -121,7 +153,7 @@ class PreparedBatch(NamedTuple):
     batch_size: int
     rng: np.random.Generator
     parts: tuple
-    frames: Future
+    frames: FramesInFlight
 
 
 class ReplayBuffer:
@@ -401,7 +433,7 @@ class ReplayBuffer:
         prepared, self.prepared = self.prepared, None
         if prepared is not None and prepared.version == self.version and prepared.batch_size == batch_size:
             self.rng = prepared.rng  # the generator as these draws left it
-            batch = self.assemble(*prepared.parts, frames=prepared.frames.result())
+            batch = self.assemble(*prepared.parts, frames=prepared.frames.result(self.frames.decompressor))
             self.prepared_count["taken"] += 1
         else:
             self.prepared_count["discarded"] += prepared is not None
@@ -420,10 +452,11 @@ class ReplayBuffer:
             parts = self.locate(*self.draw(batch_size, rng))
         except ValueError:  # no complete transition yet
             return
-        if self.background is None:
-            self.background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay")
+        if self.background is None:  # one thread, at the lowest priority: it uses idle cores, never the loop's
+            self.background = ThreadPoolExecutor(1, "replay", initializer=lower_this_threads_priority)
             self.background_decompressor = zstandard.ZstdDecompressor()  # that thread's own
-        frames = self.background.submit(self.frames.get, parts[0], self.background_decompressor)
+        frames = FramesInFlight(self.frames, parts[0])
+        self.background.submit(frames.work, self.background_decompressor)
         if self.prepared is not None:
             self.prepared_count["discarded"] += 1
         self.prepared = PreparedBatch(self.version, batch_size, rng, parts, frames)

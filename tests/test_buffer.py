@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import zstandard
 
-from cleanrl_utils.buffer import CompressedFrames, ReplayBuffer, blob_bytes, bytes_per_transition
+from cleanrl_utils.buffer import CompressedFrames, FramesInFlight, ReplayBuffer, blob_bytes, bytes_per_transition
 from cleanrl_utils.envs import TrainEnvs
 
 STACK, FRAME = 4, (5, 7)
@@ -340,3 +341,21 @@ def test_compressed_memory_gives_the_raw_memorys_batches_bit_for_bit(n_step, zer
             compressed.frames_written(env, written - raw.capacity, written),
             raw.frames_written(env, written - raw.capacity, written),
         )
+
+
+def test_frames_in_flight_are_finished_by_the_thread_that_needs_them():
+    """``sample`` never waits on the background thread: what that thread has not taken, and what it took but has
+    not finished (it may be slow to get a core), the sampling thread decompresses itself, the same bytes."""
+    frames = CompressedFrames(10, (84, 84))
+    raw = np.random.default_rng(0).integers(0, 4, (10, 84, 84), dtype=np.uint8)
+    frames.put(np.arange(10), raw)
+    index = np.array([[3, 4, 5], [9, 0, 3]])
+    untouched = FramesInFlight(frames, index)
+    np.testing.assert_array_equal(untouched.result(frames.decompressor), raw[index])
+    half_done = FramesInFlight(frames, index)
+    next(half_done.todo)  # the background thread took frame 0 and was descheduled before decompressing it
+    half_done.parts[1] = zstandard.ZstdDecompressor().decompress(half_done.blobs[1])  # it finished frame 1
+    next(half_done.todo)
+    np.testing.assert_array_equal(half_done.result(frames.decompressor), raw[index])
+    frames.put(np.array([3]), raw[[0]])  # a later store changes nothing already in flight
+    np.testing.assert_array_equal(FramesInFlight(frames, index).result(frames.decompressor)[0, 0], raw[0])
