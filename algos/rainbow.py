@@ -394,6 +394,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         gamma: float = 0.99,
         seed: int | None = None,
         storage_device: torch.device | str | None = None,
+        compress: bool = True,
         alpha: float = 0.6,
         eps: float = 1e-6,
     ) -> None:
@@ -401,7 +402,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise ValueError(f"alpha {alpha} must be >= 0 (0 samples uniformly)")
         if not eps > 0:
             raise ValueError(f"eps {eps} must be > 0 (so that no transition's priority is 0)")
-        super().__init__(buffer_size, num_envs, observation_shape, device, n_step, gamma, seed, storage_device)
+        super().__init__(
+            buffer_size, num_envs, observation_shape, device, n_step, gamma, seed, storage_device, compress
+        )
         self.alpha, self.eps = alpha, eps
         self.tree = SumTree(self.num_envs * self.capacity)
         self.max_priority = 1.0  # new transitions get the largest priority seen so far
