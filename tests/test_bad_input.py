@@ -132,7 +132,7 @@ OWN = {  # each script's own flags
         case("--total-timesteps", "0", words=["--total-timesteps"]),
         case("--env-id", "ALE/Breakout-v5", words=["--env-id", "BreakoutNoFrameskip-v4"]),
         case("--buffer-device", "cuda", words=["--buffer-device", "pqn.py has none"]),
-        case("--no-compress-replay", words=["--no-compress-replay", "pqn.py has none"]),
+        case("--compress-replay", words=["--compress-replay", "pqn.py has none"]),
         case("--resume", "runs/no_such_run", words=["--resume", "no such run folder"]),
     ],
 }  # fmt: skip

@@ -1,4 +1,4 @@
-"""The replay memory held compressed (the default) and raw (--no-compress-replay), as a user runs them: the same
+"""The replay memory held compressed (--compress-replay) and raw (the default), as a user runs them: the same
 learning bit for bit, what each takes in the receipt, and the start-up's estimate; resumed either way."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def receipt(run_dir):
 
 def test_compressed_and_raw_replay_learn_the_same_network_and_report_their_memory(tmp_path):
     runs = {}
-    for name, flags in {"compressed": [], "raw": ["--no-compress-replay"]}.items():
+    for name, flags in {"compressed": ["--compress-replay"], "raw": []}.items():
         done = run_script("dqn", *RUN, *flags, timeout=600, tmp_path=tmp_path / name)
         assert done.returncode == 0, done.stderr[-3000:]
         [runs[name]] = (tmp_path / name / "runs").iterdir()
@@ -41,7 +41,7 @@ def test_a_resume_may_change_the_replay_memorys_form_and_the_threads(tmp_path):
     """How a run is carried out is not what it learns: --no-compress-replay and --torch-threads given beside
     --resume apply, without the warning that other flags get; the checkpoint's frames come back either way."""
     flags = [*RUN, "--total-timesteps", "1000", "--checkpoint-every", "950", "--eval-every", "0"]
-    first = run_script("dqn", *flags, timeout=600, tmp_path=tmp_path)
+    first = run_script("dqn", *flags, "--compress-replay", timeout=600, tmp_path=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     [run_dir] = (tmp_path / "runs").iterdir()
     assert receipt(run_dir)["replay_memory"]["frames"] == "host, compressed"

@@ -189,19 +189,19 @@ def test_a_run_that_never_updates_warns_at_start_and_still_runs(tmp_path):
 
 
 def test_a_closed_standard_output_stops_printing_and_the_run_finishes(tmp_path):
-    """``python algos/dqn.py ... | head -4``: the reader takes four lines and goes; no traceback, the run goes on
+    """``python algos/dqn.py ... | head -3``: the reader takes three lines and goes; no traceback, the run goes on
     to its end, and the receipt says when standard output closed."""
     flags = [*TINY, "--total-timesteps", "600", "--eval-every", "300", "--run-dir", str(tmp_path / "runs")]
     with open(tmp_path / "stderr.txt", "w") as stderr:
         process = subprocess.Popen(
             [sys.executable, "algos/dqn.py", *flags], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=stderr
         )
-        lines = [process.stdout.readline() for _ in range(4)]  # what `head -4` does
+        lines = [process.stdout.readline() for _ in range(3)]  # what `head -3` does
         process.stdout.close()
         assert process.wait(timeout=300) == 0
     err = (tmp_path / "stderr.txt").read_text()
     assert lines[0].startswith(b"torch threads: ") and lines[1] == b"device: cpu\n", lines
-    assert lines[2].startswith(b"replay memory: about ") and lines[3].startswith(b"global_step="), lines
+    assert lines[2].startswith(b"global_step="), lines
     assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
     [run_dir] = (tmp_path / "runs").iterdir()
     receipt = json.loads((run_dir / "receipt.json").read_text())
