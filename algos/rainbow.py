@@ -394,7 +394,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         gamma: float = 0.99,
         seed: int | None = None,
         storage_device: torch.device | str | None = None,
-        compress: bool = True,
+        compress: bool = False,
         alpha: float = 0.6,
         eps: float = 1e-6,
     ) -> None:

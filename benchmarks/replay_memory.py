@@ -40,7 +40,7 @@ def play(env_id: str, steps: int, seed: int) -> tuple[ReplayBuffer, np.ndarray]:
     """``steps`` agent steps of random play stored in a compressed memory that holds them all, and the newest
     frame of each step's observation (the stream the fill replays)."""
     envs = TrainEnvs(env_id, 1, seed=seed)
-    memory = ReplayBuffer(steps + 10_000, 1, seed=seed)
+    memory = ReplayBuffer(steps + 10_000, 1, seed=seed, compress=True)
     rng = np.random.default_rng(seed)
     obs = envs.reset()
     frames = [*obs[0]]

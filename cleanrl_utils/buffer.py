@@ -10,9 +10,9 @@ first writes all the frames of its first stack, which are not transitions: a sta
 two episodes (nor two lives).
 Writing slot ``j`` invalidates the older transitions at ``j+1 .. j+stack`` whose stacks used it.
 
-The frames live in host memory, each compressed on its own (``CompressedFrames``: zstandard level 1, 0.2-1.2 KB
-an Atari frame instead of 7 KB, decompressed at sampling into exactly the frames stored), or raw in a NumPy array
-(``compress=False``), unless ``storage_device`` is given: then they are a raw torch tensor on that device (e.g.
+The frames live in host memory, raw in a NumPy array, or with ``compress=True`` each compressed on its own
+(``CompressedFrames``: zstandard level 1, 0.2-1.2 KB an Atari frame instead of 7 KB, decompressed at sampling into
+exactly the frames stored; not the default: it cost 4-10% of the scripts' speed on a 2-core CPU), unless ``storage_device`` is given: then they are a raw torch tensor on that device (e.g.
 ``cuda``, 7 GB per 1M transitions of GPU memory), written there at each ``add`` and gathered there at each
 ``sample``, so batches never cross the bus. The small per-transition metadata and the bookkeeping stay in host memory
 either way. Host-to-GPU copies go through pinned memory without blocking the host.
@@ -167,7 +167,7 @@ class ReplayBuffer:
         gamma: float = 0.99,
         seed: int | None = None,
         storage_device: torch.device | str | None = None,
-        compress: bool = True,
+        compress: bool = False,
     ) -> None:
         self.stack = observation_shape[0]
         self.frame_shape = tuple(observation_shape[1:])

@@ -110,7 +110,7 @@ def test_torch_storage_holds_the_same_frames_as_host_storage():
     tensor = ReplayBuffer(300, 2, (STACK, *FRAME), seed=0, storage_device="cpu")
     fill(host, streams_a, 250, np.random.default_rng(4))
     fill(tensor, streams_b, 250, np.random.default_rng(4))
-    assert np.array_equal(tensor.frames.numpy(), host.state_dict()["frames"])  # host: compressed
+    assert np.array_equal(tensor.frames.numpy(), host.state_dict()["frames"])
     assert np.array_equal(tensor.valid, host.valid)
     a, b = host.sample(50), tensor.sample(50)  # same seed, same draws
     for x, y in zip(a, b, strict=True):
